@@ -1,0 +1,72 @@
+//! The plain-data contract between the scheduler and the engine.
+
+use crate::sampling::{SampledToken, SamplingParams};
+
+/// Which logits a sequence wants back from a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogitsRequest {
+    /// None (a prefill chunk that is not the last).
+    None,
+    /// The last new token's logits (what sampling uses).
+    #[default]
+    Last,
+    /// Every new token's logits (for validation and scoring).
+    All,
+}
+
+/// What a sequence needs to sample its next token.
+#[derive(Debug, Clone, Default)]
+pub struct SeqSampling {
+    /// Sampling parameters.
+    pub params: SamplingParams,
+    /// Tokens generated so far; with the seed it fixes the random draw, so a
+    /// seeded sequence samples the same tokens whatever else is in the batch.
+    pub output_tokens: Vec<u32>,
+    /// Prompt tokens (only needed when repetition_penalty is used).
+    pub prompt_tokens: Vec<u32>,
+}
+
+/// One sequence's share of a forward step.
+#[derive(Debug, Clone, Default)]
+pub struct SeqInput {
+    /// New token ids to run (a prefill chunk, or one decode token).
+    pub tokens: Vec<u32>,
+    /// Position of the first new token (= tokens already in the KV cache).
+    pub start_pos: usize,
+    /// Physical KV blocks covering positions `0..start_pos + tokens.len()`.
+    pub block_table: Vec<u32>,
+    /// Which logits to return.
+    pub logits: LogitsRequest,
+    /// Sample a token from the last position's logits, if set.
+    pub sampling: Option<SeqSampling>,
+}
+
+/// A batch of sequences run in one forward pass; prefill and decode may mix.
+#[derive(Debug, Clone, Default)]
+pub struct ForwardBatch {
+    /// The sequences.
+    pub seqs: Vec<SeqInput>,
+}
+
+/// One sequence's result.
+#[derive(Debug, Clone, Default)]
+pub struct SeqOutput {
+    /// Logits as requested (`[n, vocab]` flattened; empty for `None`).
+    pub logits: Vec<f32>,
+    /// The sampled token, when sampling was asked for.
+    pub sampled: Option<SampledToken>,
+}
+
+/// The result of a forward step, one entry per input sequence, in order.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    /// Per-sequence results.
+    pub seqs: Vec<SeqOutput>,
+}
+
+impl ForwardBatch {
+    /// Total new tokens across sequences.
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}

@@ -1,0 +1,267 @@
+//! The model hyper-parameters the forward pass needs, read from GGUF metadata
+//! or an HF `config.json`.
+
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use crate::weights::TensorSource;
+use serde_json::Value;
+
+/// Which family of the Llama-style decoder a model belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchFamily {
+    /// Llama 2/3, SmolLM2, Mistral (no biases, no q/k norm).
+    Llama,
+    /// Qwen2: biases on q/k/v projections.
+    Qwen2,
+    /// Qwen3: per-head RMSNorm on q and k before RoPE.
+    Qwen3,
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama.cpp's "normal" mode, used for GGUF llama
+    /// whose q/k rows the converter permuted.
+    Interleaved,
+    /// Halves (i, i + d/2): HF's rotate_half, GGUF qwen2/qwen3.
+    Neox,
+}
+
+/// Llama 3 style frequency scaling of RoPE.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3RopeScaling {
+    /// Context-extension factor.
+    pub factor: f32,
+    /// Low-frequency factor.
+    pub low_freq_factor: f32,
+    /// High-frequency factor.
+    pub high_freq_factor: f32,
+    /// The context length the model was pre-trained with.
+    pub original_max_position_embeddings: usize,
+}
+
+/// Hyper-parameters of a Llama-family decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Architecture family.
+    pub family: ArchFamily,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (GQA).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base frequency.
+    pub rope_theta: f32,
+    /// Optional Llama 3 RoPE scaling.
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// RoPE pairing for this weight layout.
+    pub rope_style: RopeStyle,
+    /// Maximum context length.
+    pub context_length: usize,
+    /// Whether the output projection reuses the token embedding.
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Read the config from GGUF metadata (`general.architecture` and its keys).
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let arch = file.get_str("general.architecture")?.to_string();
+        let (family, rope_style) = match arch.as_str() {
+            "llama" | "mistral" => (ArchFamily::Llama, RopeStyle::Interleaved),
+            "qwen2" => (ArchFamily::Qwen2, RopeStyle::Neox),
+            "qwen3" => (ArchFamily::Qwen3, RopeStyle::Neox),
+            other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        let usize_key = |k: &str| -> Result<usize> { Ok(file.get_u64(&key(k))? as usize) };
+        let hidden_size = usize_key("embedding_length")?;
+        let num_heads = usize_key("attention.head_count")?;
+        let num_kv_heads = usize_key("attention.head_count_kv").unwrap_or(num_heads);
+        let head_dim = match file.get_u64(&key("attention.key_length")) {
+            Ok(v) => v as usize,
+            Err(_) => hidden_size / num_heads.max(1),
+        };
+        let vocab_size = match file.get_u64(&key("vocab_size")) {
+            Ok(v) => v as usize,
+            Err(_) => file
+                .get("tokenizer.ggml.tokens")
+                .and_then(|v| v.as_array())
+                .map(|a| a.len())
+                .ok_or_else(|| EngineError::InvalidConfig("no vocab size in GGUF".into()))?,
+        };
+        let rope_scaling = gguf_rope_scaling(file, &arch)?;
+        let config = Self {
+            family,
+            vocab_size,
+            hidden_size,
+            intermediate_size: usize_key("feed_forward_length")?,
+            num_layers: usize_key("block_count")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: file.get_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
+            rope_theta: file.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
+            rope_scaling,
+            rope_style,
+            context_length: usize_key("context_length")?,
+            tie_word_embeddings: !file.contains("output.weight"),
+        };
+        config.validate()
+    }
+
+    /// Read the config from an HF `config.json` value.
+    pub fn from_hf_json(cfg: &Value) -> Result<Self> {
+        let arch = cfg["architectures"]
+            .get(0)
+            .and_then(Value::as_str)
+            .or_else(|| cfg["model_type"].as_str())
+            .ok_or_else(|| EngineError::InvalidConfig("config.json has no `architectures`".into()))?;
+        let family = match arch {
+            "LlamaForCausalLM" | "MistralForCausalLM" | "llama" | "mistral" => ArchFamily::Llama,
+            "Qwen2ForCausalLM" | "qwen2" => ArchFamily::Qwen2,
+            "Qwen3ForCausalLM" | "qwen3" => ArchFamily::Qwen3,
+            other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
+        };
+        let get = |k: &str| -> Result<usize> {
+            cfg[k]
+                .as_u64()
+                .map(|v| v as usize)
+                .ok_or_else(|| EngineError::InvalidConfig(format!("config.json: missing integer `{k}`")))
+        };
+        let hidden_size = get("hidden_size")?;
+        let num_heads = get("num_attention_heads")?;
+        let head_dim = match cfg["head_dim"].as_u64() {
+            Some(v) => v as usize,
+            None => hidden_size / num_heads.max(1),
+        };
+        let config = Self {
+            family,
+            vocab_size: get("vocab_size")?,
+            hidden_size,
+            intermediate_size: get("intermediate_size")?,
+            num_layers: get("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads: get("num_key_value_heads").unwrap_or(num_heads),
+            head_dim,
+            rms_norm_eps: cfg["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+            rope_theta: cfg["rope_theta"].as_f64().unwrap_or(10000.0) as f32,
+            rope_scaling: hf_rope_scaling(cfg)?,
+            rope_style: RopeStyle::Neox,
+            context_length: get("max_position_embeddings")?,
+            tie_word_embeddings: cfg["tie_word_embeddings"].as_bool().unwrap_or(false),
+        };
+        config.validate()
+    }
+
+    /// Check the values are consistent (non-zero, heads divide evenly...).
+    pub fn validate(self) -> Result<Self> {
+        let bad = |m: String| Err(EngineError::InvalidConfig(m));
+        if self.hidden_size == 0 || self.num_heads == 0 || self.num_kv_heads == 0 || self.head_dim == 0 {
+            return bad(format!("zero-sized dimension in {self:?}"));
+        }
+        if self.num_layers == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
+            return bad(format!("zero-sized dimension in {self:?}"));
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return bad(format!(
+                "{} query heads are not a multiple of {} kv heads",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return bad(format!("head_dim {} is odd", self.head_dim));
+        }
+        Ok(self)
+    }
+
+    /// Width of all query heads together.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of all key (or value) heads together.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+fn gguf_rope_scaling(file: &GgufFile, arch: &str) -> Result<Option<Llama3RopeScaling>> {
+    // llama.cpp bakes llama3 scaling into a `rope_freqs.weight` tensor; Spindle
+    // computes the same factors from metadata when they are present.
+    let Ok(kind) = file.get_str(&format!("{arch}.rope.scaling.type")) else {
+        return Ok(None);
+    };
+    if kind != "llama3" {
+        return Err(EngineError::InvalidConfig(format!("unsupported rope scaling `{kind}`")));
+    }
+    let f = |k: &str, d: f64| file.get_f64(&format!("{arch}.rope.scaling.{k}")).unwrap_or(d) as f32;
+    Ok(Some(Llama3RopeScaling {
+        factor: f("factor", 8.0),
+        low_freq_factor: f("low_freq_factor", 1.0),
+        high_freq_factor: f("high_freq_factor", 4.0),
+        original_max_position_embeddings: f("original_context_length", 8192.0) as usize,
+    }))
+}
+
+fn hf_rope_scaling(cfg: &Value) -> Result<Option<Llama3RopeScaling>> {
+    let rs = &cfg["rope_scaling"];
+    if rs.is_null() {
+        return Ok(None);
+    }
+    let kind = rs["rope_type"].as_str().or_else(|| rs["type"].as_str()).unwrap_or("");
+    if kind != "llama3" {
+        return Err(EngineError::InvalidConfig(format!("unsupported rope_scaling type `{kind}`")));
+    }
+    let f = |k: &str, d: f64| rs[k].as_f64().unwrap_or(d) as f32;
+    Ok(Some(Llama3RopeScaling {
+        factor: f("factor", 8.0),
+        low_freq_factor: f("low_freq_factor", 1.0),
+        high_freq_factor: f("high_freq_factor", 4.0),
+        original_max_position_embeddings: f("original_max_position_embeddings", 8192.0) as usize,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tiny() -> Value {
+        json!({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "vocab_size": 320, "max_position_embeddings": 256,
+               "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true})
+    }
+
+    #[test]
+    fn reads_hf_config() {
+        let c = ModelConfig::from_hf_json(&tiny()).expect("valid");
+        assert_eq!(c.family, ArchFamily::Qwen3);
+        assert_eq!((c.q_dim(), c.kv_dim()), (64, 32));
+        assert_eq!(c.rope_style, RopeStyle::Neox);
+    }
+
+    #[test]
+    fn rejects_unknown_architecture_and_bad_heads() {
+        let mut cfg = tiny();
+        cfg["architectures"] = json!(["GPT2LMHeadModel"]);
+        assert!(matches!(ModelConfig::from_hf_json(&cfg), Err(EngineError::UnsupportedArchitecture(a)) if a == "GPT2LMHeadModel"));
+        let mut cfg = tiny();
+        cfg["num_key_value_heads"] = json!(3);
+        assert!(matches!(ModelConfig::from_hf_json(&cfg), Err(EngineError::InvalidConfig(_))));
+        let mut cfg = tiny();
+        cfg["hidden_size"] = json!("big");
+        assert!(matches!(ModelConfig::from_hf_json(&cfg), Err(EngineError::InvalidConfig(m)) if m.contains("hidden_size")));
+    }
+}

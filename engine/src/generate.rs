@@ -1,0 +1,142 @@
+//! A single-sequence generation loop over a [`ModelRunner`]: chunked prefill,
+//! then one decode step per token. The CLI and tests use it; the server uses
+//! the scheduler instead.
+
+use crate::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
+use crate::error::{EngineError, Result};
+use crate::kv::BlockAllocator;
+use crate::runner::ModelRunner;
+use crate::sampling::{SampledToken, SamplingParams};
+use std::time::{Duration, Instant};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// The prompt, already tokenized.
+    pub prompt: Vec<u32>,
+    /// Stop after this many new tokens.
+    pub max_tokens: usize,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Token ids that end generation (not emitted).
+    pub stop_tokens: Vec<u32>,
+    /// Largest prefill chunk per forward pass.
+    pub prefill_chunk: usize,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was sampled.
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+    /// The context window is full.
+    ContextFull,
+    /// The token callback asked to stop.
+    Cancelled,
+}
+
+/// Counts and timings of one generation.
+#[derive(Debug, Clone)]
+pub struct GenerateStats {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens (stop token excluded).
+    pub generated_tokens: usize,
+    /// Time to process the prompt and sample the first token.
+    pub prefill_time: Duration,
+    /// Time spent in decode steps.
+    pub decode_time: Duration,
+    /// Why it stopped.
+    pub finish: FinishReason,
+}
+
+/// Run `req`, calling `on_token` with each generated token (return `false` to stop).
+pub fn generate(
+    runner: &mut ModelRunner,
+    alloc: &mut BlockAllocator,
+    req: &GenerateRequest,
+    on_token: &mut dyn FnMut(&SampledToken) -> bool,
+) -> Result<GenerateStats> {
+    let mut table = Vec::new();
+    let result = generate_inner(runner, alloc, req, &mut table, on_token);
+    alloc.release(&mut table);
+    result
+}
+
+fn generate_inner(
+    runner: &mut ModelRunner,
+    alloc: &mut BlockAllocator,
+    req: &GenerateRequest,
+    table: &mut Vec<u32>,
+    on_token: &mut dyn FnMut(&SampledToken) -> bool,
+) -> Result<GenerateStats> {
+    let ctx = runner.model().config().context_length;
+    if req.prompt.is_empty() {
+        return Err(EngineError::InvalidBatch("empty prompt".into()));
+    }
+    if req.prompt.len() >= ctx {
+        return Err(EngineError::ContextLengthExceeded { len: req.prompt.len(), max: ctx });
+    }
+    let bs = runner.kv().block_size();
+    let prompt_tokens = if req.sampling.repetition_penalty != 1.0 { req.prompt.clone() } else { Vec::new() };
+    let mut sampling = SeqSampling { params: req.sampling.clone(), output_tokens: Vec::new(), prompt_tokens };
+    let started = Instant::now();
+    let chunk = req.prefill_chunk.max(1);
+    let mut pos = 0;
+    let mut next = None;
+    while pos < req.prompt.len() {
+        let end = (pos + chunk).min(req.prompt.len());
+        alloc.ensure(table, end, bs)?;
+        let last = end == req.prompt.len();
+        let seq = SeqInput {
+            tokens: req.prompt[pos..end].to_vec(),
+            start_pos: pos,
+            block_table: table.clone(),
+            logits: LogitsRequest::None,
+            sampling: last.then(|| sampling.clone()),
+        };
+        next = runner.execute(&ForwardBatch { seqs: vec![seq] })?.seqs.pop().and_then(|s| s.sampled);
+        pos = end;
+    }
+    let prefill_time = started.elapsed();
+    let decode_start = Instant::now();
+    let mut generated = 0;
+    let finish = loop {
+        let Some(tok) = next.take() else {
+            return Err(EngineError::InvalidBatch("the runner returned no sampled token".into()));
+        };
+        if req.stop_tokens.contains(&tok.token) {
+            break FinishReason::Stop;
+        }
+        generated += 1;
+        if !on_token(&tok) {
+            break FinishReason::Cancelled;
+        }
+        sampling.output_tokens.push(tok.token);
+        if generated >= req.max_tokens {
+            break FinishReason::Length;
+        }
+        if pos + 1 > ctx - 1 {
+            break FinishReason::ContextFull;
+        }
+        alloc.ensure(table, pos + 1, bs)?;
+        let seq = SeqInput {
+            tokens: vec![tok.token],
+            start_pos: pos,
+            block_table: table.clone(),
+            logits: LogitsRequest::None,
+            sampling: Some(sampling.clone()),
+        };
+        next = runner.execute(&ForwardBatch { seqs: vec![seq] })?.seqs.pop().and_then(|s| s.sampled);
+        pos += 1;
+    };
+    Ok(GenerateStats {
+        prompt_tokens: req.prompt.len(),
+        generated_tokens: generated,
+        prefill_time,
+        decode_time: decode_start.elapsed(),
+        finish,
+    })
+}

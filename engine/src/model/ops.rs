@@ -1,0 +1,170 @@
+//! Element-wise and normalisation ops shared by every model family.
+
+use crate::config::{Llama3RopeScaling, ModelConfig, RopeStyle};
+
+/// In-place RMSNorm of each `weight.len()`-wide row of `x`.
+pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    for row in x.chunks_exact_mut(dim) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v = *v * inv * w;
+        }
+    }
+}
+
+/// RMSNorm of `x` into `out` (same shape), leaving `x` untouched.
+pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    out.copy_from_slice(x);
+    rms_norm(out, weight, eps);
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `x[i] += y[i]`.
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Precomputed RoPE inverse frequencies for one model.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    style: RopeStyle,
+}
+
+/// cos/sin of every (position, frequency) pair used by one forward pass.
+#[derive(Debug)]
+pub struct RopeAngles {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rope {
+    /// Frequencies from the model config (incl. Llama 3 scaling).
+    pub fn new(config: &ModelConfig) -> Self {
+        let half = config.head_dim / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / config.rope_theta.powf(2.0 * i as f32 / config.head_dim as f32))
+            .collect();
+        if let Some(s) = &config.rope_scaling {
+            llama3_scale(&mut inv_freq, s);
+        }
+        Self { inv_freq, style: config.rope_style }
+    }
+
+    /// cos/sin tables for the given token positions.
+    pub fn angles(&self, positions: &[usize]) -> RopeAngles {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for f in &self.inv_freq {
+                let (s, c) = (p as f64 * *f as f64).sin_cos();
+                cos.push(c as f32);
+                sin.push(s as f32);
+            }
+        }
+        RopeAngles { half, cos, sin }
+    }
+
+    /// Rotate every head of every token row of `x` (`[tokens, heads * head_dim]`).
+    pub fn apply(&self, x: &mut [f32], angles: &RopeAngles, heads: usize) {
+        let half = angles.half;
+        let head_dim = half * 2;
+        for (t, row) in x.chunks_exact_mut(heads * head_dim).enumerate() {
+            let cos = &angles.cos[t * half..(t + 1) * half];
+            let sin = &angles.sin[t * half..(t + 1) * half];
+            for head in row.chunks_exact_mut(head_dim) {
+                match self.style {
+                    RopeStyle::Interleaved => {
+                        for i in 0..half {
+                            let (a, b) = (head[2 * i], head[2 * i + 1]);
+                            head[2 * i] = a * cos[i] - b * sin[i];
+                            head[2 * i + 1] = a * sin[i] + b * cos[i];
+                        }
+                    }
+                    RopeStyle::Neox => {
+                        for i in 0..half {
+                            let (a, b) = (head[i], head[i + half]);
+                            head[i] = a * cos[i] - b * sin[i];
+                            head[i + half] = a * sin[i] + b * cos[i];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn llama3_scale(inv_freq: &mut [f32], s: &Llama3RopeScaling) {
+    let old = s.original_max_position_embeddings as f32;
+    let low_wavelen = old / s.low_freq_factor;
+    let high_wavelen = old / s.high_freq_factor;
+    for f in inv_freq.iter_mut() {
+        let wavelen = 2.0 * std::f32::consts::PI / *f;
+        if wavelen < high_wavelen {
+            continue;
+        }
+        if wavelen > low_wavelen {
+            *f /= s.factor;
+        } else {
+            let smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+            *f = (1.0 - smooth) * *f / s.factor + smooth * *f;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let mut x = vec![3.0, 4.0];
+        rms_norm(&mut x, &[1.0, 2.0], 0.0);
+        let r = (12.5f32).sqrt();
+        assert!((x[0] - 3.0 / r).abs() < 1e-6 && (x[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn interleaved_and_neox_agree_up_to_permutation() {
+        let cfg = |style| ModelConfig {
+            family: crate::config::ArchFamily::Llama,
+            vocab_size: 1,
+            hidden_size: 8,
+            intermediate_size: 1,
+            num_layers: 1,
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 8,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            rope_style: style,
+            context_length: 16,
+            tie_word_embeddings: true,
+        };
+        let neox = Rope::new(&cfg(RopeStyle::Neox));
+        let inter = Rope::new(&cfg(RopeStyle::Interleaved));
+        let angles = neox.angles(&[5]);
+        let x: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();
+        // interleaved layout of the same vector: (x0, x4, x1, x5, ...)
+        let mut xi: Vec<f32> = (0..4).flat_map(|i| [x[i], x[i + 4]]).collect();
+        let mut xn = x.clone();
+        neox.apply(&mut xn, &angles, 1);
+        inter.apply(&mut xi, &angles, 1);
+        for i in 0..4 {
+            assert!((xn[i] - xi[2 * i]).abs() < 1e-5 && (xn[i + 4] - xi[2 * i + 1]).abs() < 1e-5);
+        }
+    }
+}

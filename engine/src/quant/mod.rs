@@ -1,0 +1,6 @@
+//! Quantized block formats: dequantization and SIMD dot products.
+
+pub mod dequant;
+pub mod dot;
+
+pub use dequant::{dequantize, dequantize_row, dequantize_tensor, dequantize_to_vec};

@@ -1,0 +1,80 @@
+//! `ModelRunner`: a model plus the physical KV pool, executing one
+//! `ForwardBatch` per call and sampling a token per sequence.
+
+use crate::batch::{ForwardBatch, SeqOutput, SeqSampling, StepOutput};
+use crate::error::Result;
+use crate::kv::KvPool;
+use crate::model::LlamaModel;
+use crate::sampling::{SampledToken, Sampler};
+
+/// Runs forward steps of one model over its own KV pool.
+#[derive(Debug)]
+pub struct ModelRunner {
+    model: LlamaModel,
+    kv: KvPool,
+}
+
+impl ModelRunner {
+    /// A runner with a pool of `num_blocks` blocks of `block_size` tokens.
+    pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Self {
+        let c = model.config();
+        let kv = KvPool::new(c.num_layers, num_blocks, block_size, c.kv_dim());
+        Self { model, kv }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    /// Mutable access to the model (e.g. to change matmul precision).
+    pub fn model_mut(&mut self) -> &mut LlamaModel {
+        &mut self.model
+    }
+
+    /// The KV pool's geometry.
+    pub fn kv(&self) -> &KvPool {
+        &self.kv
+    }
+
+    /// Run one step: all sequences' new tokens through the model, then sample
+    /// for those that asked.
+    pub fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+        let logits = self.model.forward(batch, &mut self.kv)?;
+        let vocab = self.model.config().vocab_size;
+        let mut seqs = Vec::with_capacity(batch.seqs.len());
+        for (seq, mut logits) in batch.seqs.iter().zip(logits) {
+            let sampled = match &seq.sampling {
+                Some(s) if logits.len() >= vocab => {
+                    let start = logits.len() - vocab;
+                    let mut last = logits[start..].to_vec();
+                    Some(sample_one(s, &mut last)?)
+                }
+                _ => None,
+            };
+            if seq.logits == crate::batch::LogitsRequest::None {
+                logits = Vec::new();
+            }
+            seqs.push(SeqOutput { logits, sampled });
+        }
+        Ok(StepOutput { seqs })
+    }
+}
+
+/// Sample with a generator keyed by (seed, tokens generated so far), so a
+/// seeded sequence draws the same tokens whatever else shares its batch.
+fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<SampledToken> {
+    let mut params = s.params.clone();
+    if let Some(seed) = params.seed {
+        params.seed = Some(mix(seed, s.output_tokens.len() as u64));
+    }
+    let mut sampler = Sampler::new(params)?;
+    Ok(sampler.sample(logits, &s.prompt_tokens, &s.output_tokens))
+}
+
+fn mix(seed: u64, step: u64) -> u64 {
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

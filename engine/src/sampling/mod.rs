@@ -1,0 +1,409 @@
+//! Token sampling from logits.
+//!
+//! Each sequence owns a [`Sampler`] with its own seeded PRNG, so a given seed
+//! yields the same tokens no matter which other sequences share the batch.
+//!
+//! One call to [`Sampler::sample`] runs, in order:
+//!
+//! 1. **Penalties**, in place on the logits: the repetition penalty (HF /
+//!    llama.cpp: over the distinct tokens of prompt + output, positive logits
+//!    are divided by it, the others multiplied), then the OpenAI presence and
+//!    frequency penalties over the *output* tokens
+//!    (`logit -= frequency * count + presence * (count > 0)`).
+//! 2. **Sanitise**, in place: NaN logits become `-inf`, `+inf` becomes
+//!    `f32::MAX`. If every logit is `-inf` they are all set to `0` (uniform).
+//! 3. **Logprobs**: the log-softmax of these penalised logits, *before*
+//!    temperature and truncation: the model's distribution as the penalties
+//!    left it. [`SampledToken::logprob`] is always filled in;
+//!    [`SampledToken::top_logprobs`] when `top_logprobs > 0`.
+//! 4. **Choice**: greedy (`temperature == 0` or `top_k == 1`) takes the
+//!    argmax, the lowest id on ties. Otherwise the logits are divided by the
+//!    temperature, then top-k, then top-p, then min-p are applied (the HF /
+//!    vLLM order: top-p's mass is measured on the top-k set, min-p relative to
+//!    the most likely token), and a token is drawn from what is left.
+//!
+//! The full vocabulary is never sorted when it can be avoided: top-k uses
+//! `select_nth_unstable`, top-p sorts only a small head of candidates unless
+//! the nucleus is larger, and scratch buffers live in the sampler.
+
+mod rng;
+#[cfg(test)]
+mod tests;
+
+pub use rng::{entropy_seed, splitmix64, Rng};
+
+use std::cmp::Ordering;
+
+use crate::error::{EngineError, Result};
+
+/// The most alternatives [`SamplingParams::top_logprobs`] may ask for.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// How many leading candidates top-p sorts before falling back to a full sort.
+const TOP_P_HEAD: usize = 128;
+
+/// How to pick the next token. `Default` is greedy with no penalties.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; `0` disables.
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability
+    /// reaches `top_p`; `1` disables.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; `0` disables.
+    pub min_p: f32,
+    /// HF / llama.cpp repetition penalty over tokens seen in prompt + output:
+    /// positive logits are divided by it, negative ones multiplied; `1` disables.
+    pub repetition_penalty: f32,
+    /// OpenAI presence penalty: subtracted once from every token already in the output.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty: subtracted once per occurrence in the output.
+    pub frequency_penalty: f32,
+    /// PRNG seed; `None` draws one from entropy.
+    pub seed: Option<u64>,
+    /// How many most-likely alternatives to report with each token; `0` for none.
+    pub top_logprobs: usize,
+    /// Whether the caller wants the chosen token's logprob reported.
+    pub logprobs: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            top_logprobs: 0,
+            logprobs: false,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Whether these parameters always pick the argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    /// Check every value is in range; the error names the field, the value and the range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(EngineError::InvalidSampling(msg));
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return bad(format!(
+                "temperature must be a finite number >= 0 (0 = greedy), got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!(
+                "top_p must be in (0, 1] (1 = off), got {}",
+                self.top_p
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!(
+                "min_p must be in [0, 1] (0 = off), got {}",
+                self.min_p
+            ));
+        }
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
+            return bad(format!(
+                "repetition_penalty must be a finite number > 0 (1 = off), got {}",
+                self.repetition_penalty
+            ));
+        }
+        for (name, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&value) {
+                return bad(format!("{name} must be in [-2, 2] (0 = off), got {value}"));
+            }
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return bad(format!(
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {}",
+                self.top_logprobs
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The token a [`Sampler`] chose, with its log-probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    /// The chosen token id.
+    pub token: u32,
+    /// Log-softmax of the penalised logits at `token`, before temperature and
+    /// truncation (see the module docs). `-inf` only for an empty vocabulary.
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens by the same measure, most likely
+    /// first (lowest id first on ties).
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// Per-sequence sampler: parameters, a seeded PRNG and reusable scratch space.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    seed: u64,
+    rng: Rng,
+    /// `(scaled logit, token)` candidates; reused across calls.
+    cand: Vec<(f32, u32)>,
+    /// Per-token counters for the penalties; all zero between calls.
+    counts: Vec<u32>,
+    /// Tokens whose counter is non-zero.
+    touched: Vec<u32>,
+}
+
+/// Descending by value, then ascending by token id: a total order.
+fn desc(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// Unnormalised probability of a max-shifted, temperature-scaled logit.
+fn weight(s: f32) -> f64 {
+    f64::from(s).exp()
+}
+
+impl Sampler {
+    /// A sampler for `params` (validated); seeded from entropy when `params.seed` is `None`.
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        params.validate()?;
+        let seed = params.seed.unwrap_or_else(entropy_seed);
+        Ok(Self {
+            params,
+            seed,
+            rng: Rng::new(seed),
+            cand: Vec::new(),
+            counts: Vec::new(),
+            touched: Vec::new(),
+        })
+    }
+
+    /// The parameters this sampler was built with.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The seed in use (drawn from entropy if none was given), for reproducing a run.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Choose the next token.
+    ///
+    /// `logits` holds one value per vocabulary entry and is modified in place
+    /// (sanitised and penalised, see the module docs). `prompt_tokens` and
+    /// `output_tokens` feed the penalties; ids outside the vocabulary are ignored.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        prompt_tokens: &[u32],
+        output_tokens: &[u32],
+    ) -> SampledToken {
+        if logits.is_empty() {
+            return SampledToken {
+                token: 0,
+                logprob: f32::NEG_INFINITY,
+                top_logprobs: Vec::new(),
+            };
+        }
+        self.apply_penalties(logits, prompt_tokens, output_tokens);
+        sanitize(logits);
+        let (argmax, max) = argmax(logits);
+        let sum: f64 = logits.iter().map(|&l| weight(l - max)).sum();
+        let log_z = max + sum.ln() as f32;
+        let token = if self.params.is_greedy() {
+            argmax
+        } else {
+            self.draw(logits, max)
+        };
+        let top_logprobs = self.top_n(logits, log_z);
+        let logprob = logits
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&l| l - log_z);
+        SampledToken {
+            token,
+            logprob,
+            top_logprobs,
+        }
+    }
+
+    /// Apply the repetition, presence and frequency penalties in place.
+    fn apply_penalties(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
+        let vocab = logits.len();
+        if self.counts.len() < vocab {
+            self.counts.resize(vocab, 0);
+        }
+        let rp = self.params.repetition_penalty;
+        if rp != 1.0 {
+            for &t in prompt.iter().chain(output) {
+                let i = t as usize;
+                if i < vocab && self.counts[i] == 0 {
+                    self.counts[i] = 1;
+                    self.touched.push(t);
+                    let l = &mut logits[i];
+                    *l = if *l > 0.0 { *l / rp } else { *l * rp };
+                }
+            }
+            self.reset_counts();
+        }
+        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
+        if presence != 0.0 || frequency != 0.0 {
+            for &t in output {
+                let i = t as usize;
+                if i < vocab {
+                    if self.counts[i] == 0 {
+                        self.touched.push(t);
+                    }
+                    self.counts[i] += 1;
+                }
+            }
+            for &t in &self.touched {
+                let count = self.counts[t as usize] as f32;
+                logits[t as usize] -= frequency * count + presence;
+            }
+            self.reset_counts();
+        }
+    }
+
+    /// Zero the counters named in `touched`.
+    fn reset_counts(&mut self) {
+        for t in self.touched.drain(..) {
+            self.counts[t as usize] = 0;
+        }
+    }
+
+    /// Temperature, top-k, top-p, min-p, then a random draw. `max` is the largest logit.
+    fn draw(&mut self, logits: &[f32], max: f32) -> u32 {
+        let p = &self.params;
+        let t = p.temperature;
+        let min_p_floor = if p.min_p > 0.0 {
+            p.min_p.ln()
+        } else {
+            f32::NEG_INFINITY
+        };
+        // min-p keeps a prefix of the descending order, as top-k does, so it
+        // can be applied first; not so when top-p must measure the top-k mass.
+        let early_floor = if p.top_p >= 1.0 {
+            min_p_floor
+        } else {
+            f32::NEG_INFINITY
+        };
+        self.cand.clear();
+        for (i, &l) in logits.iter().enumerate() {
+            let s = (l - max) / t;
+            if s > f32::NEG_INFINITY && s >= early_floor {
+                self.cand.push((s, i as u32));
+            }
+        }
+        if self.cand.is_empty() {
+            // Unreachable in practice (the argmax has s == 0), but stay total.
+            return argmax(logits).0;
+        }
+        if p.top_k > 0 && p.top_k < self.cand.len() {
+            self.cand.select_nth_unstable_by(p.top_k - 1, desc);
+            self.cand.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            let total: f64 = self.cand.iter().map(|c| weight(c.0)).sum();
+            truncate_top_p(&mut self.cand, f64::from(p.top_p) * total);
+        }
+        if min_p_floor > early_floor {
+            self.cand.retain(|c| c.0 >= min_p_floor);
+        }
+        let total: f64 = self.cand.iter().map(|c| weight(c.0)).sum();
+        let target = self.rng.next_f64() * total;
+        let mut acc = 0.0;
+        for &(s, tok) in &self.cand {
+            acc += weight(s);
+            if target < acc {
+                return tok;
+            }
+        }
+        // Rounding left `target` past the last bucket: take the last candidate.
+        self.cand.last().map_or(0, |c| c.1)
+    }
+
+    /// The `top_logprobs` most likely tokens of `logits`, normalised by `log_z`.
+    fn top_n(&mut self, logits: &[f32], log_z: f32) -> Vec<(u32, f32)> {
+        let n = self.params.top_logprobs.min(logits.len());
+        if n == 0 {
+            return Vec::new();
+        }
+        self.cand.clear();
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+        if n < self.cand.len() {
+            self.cand.select_nth_unstable_by(n - 1, desc);
+            self.cand.truncate(n);
+        }
+        self.cand.sort_unstable_by(desc);
+        self.cand.iter().map(|&(l, tok)| (tok, l - log_z)).collect()
+    }
+}
+
+/// Keep the shortest descending prefix of `cand` whose mass reaches `target`
+/// (at least one token). Sorts only a head of [`TOP_P_HEAD`] candidates
+/// unless the nucleus turns out to be larger.
+fn truncate_top_p(cand: &mut Vec<(f32, u32)>, target: f64) {
+    let mut head = TOP_P_HEAD.min(cand.len());
+    loop {
+        if head == 0 {
+            return;
+        }
+        if head < cand.len() {
+            cand.select_nth_unstable_by(head - 1, desc);
+        }
+        cand[..head].sort_unstable_by(desc);
+        let mut acc = 0.0;
+        for (i, &(s, _)) in cand[..head].iter().enumerate() {
+            acc += weight(s);
+            if acc >= target {
+                cand.truncate(i + 1);
+                return;
+            }
+        }
+        if head == cand.len() {
+            return; // rounding: the whole set is the nucleus
+        }
+        head = cand.len();
+    }
+}
+
+/// NaN → `-inf`, `+inf` → `f32::MAX`; all `-inf` → all `0` (uniform).
+fn sanitize(logits: &mut [f32]) {
+    let mut any_finite = false;
+    for l in logits.iter_mut() {
+        if l.is_nan() {
+            *l = f32::NEG_INFINITY;
+        } else if *l == f32::INFINITY {
+            *l = f32::MAX;
+        }
+        any_finite |= *l > f32::NEG_INFINITY;
+    }
+    if !any_finite {
+        logits.fill(0.0);
+    }
+}
+
+/// Index and value of the largest logit (lowest index on ties). Expects
+/// non-empty, NaN-free input.
+fn argmax(logits: &[f32]) -> (u32, f32) {
+    let mut best = (0u32, f32::NEG_INFINITY);
+    for (i, &l) in logits.iter().enumerate() {
+        if l > best.1 {
+            best = (i as u32, l);
+        }
+    }
+    best
+}

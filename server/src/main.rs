@@ -1,0 +1,3 @@
+//! The `spindle` command line.
+
+fn main() {}
