@@ -155,7 +155,10 @@ impl ModelConfig {
             num_kv_heads: get("num_key_value_heads").unwrap_or(num_heads),
             head_dim,
             rms_norm_eps: cfg["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
-            rope_theta: cfg["rope_theta"].as_f64().unwrap_or(10000.0) as f32,
+            rope_theta: cfg["rope_theta"]
+                .as_f64()
+                .or_else(|| cfg["rope_parameters"]["rope_theta"].as_f64())
+                .unwrap_or(10000.0) as f32,
             rope_scaling: hf_rope_scaling(cfg)?,
             rope_style: RopeStyle::Neox,
             context_length: get("max_position_embeddings")?,
@@ -215,11 +218,15 @@ fn gguf_rope_scaling(file: &GgufFile, arch: &str) -> Result<Option<Llama3RopeSca
 }
 
 fn hf_rope_scaling(cfg: &Value) -> Result<Option<Llama3RopeScaling>> {
-    let rs = &cfg["rope_scaling"];
+    // transformers 5 writes `rope_parameters` (with rope_type "default" when unscaled).
+    let rs = if cfg["rope_scaling"].is_null() { &cfg["rope_parameters"] } else { &cfg["rope_scaling"] };
     if rs.is_null() {
         return Ok(None);
     }
     let kind = rs["rope_type"].as_str().or_else(|| rs["type"].as_str()).unwrap_or("");
+    if kind == "default" {
+        return Ok(None);
+    }
     if kind != "llama3" {
         return Err(EngineError::InvalidConfig(format!("unsupported rope_scaling type `{kind}`")));
     }

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod gguf;
 pub mod hf;
 pub mod kv;
+pub mod load;
 pub mod model;
 pub mod models;
 pub mod quant;

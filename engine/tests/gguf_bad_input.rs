@@ -49,11 +49,16 @@ fn sample() -> Vec<u8> {
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", V::String("llama".into()));
     w.add_metadata("a.u32", V::U32(7));
-    w.add_metadata("a.arr", V::Array(vec![V::String("x".into()), V::String("yz".into())]));
+    w.add_metadata(
+        "a.arr",
+        V::Array(vec![V::String("x".into()), V::String("yz".into())]),
+    );
     w.add_metadata("a.nested", V::Array(vec![V::Array(vec![V::I16(1)])]));
     w.add_metadata("a.f64", V::F64(0.5));
-    w.add_tensor("t0", GgmlType::F32, &[3], vec![1; 12]).expect("t0");
-    w.add_tensor("t1", GgmlType::Q8_0, &[2, 32], vec![2; 68]).expect("t1");
+    w.add_tensor("t0", GgmlType::F32, &[3], vec![1; 12])
+        .expect("t0");
+    w.add_tensor("t1", GgmlType::Q8_0, &[2, 32], vec![2; 68])
+        .expect("t1");
     w.to_bytes().expect("serialize")
 }
 
@@ -77,7 +82,10 @@ fn every_truncation_is_an_error_never_a_panic() {
     for len in 0..=bytes.len() {
         let r = GgufFile::from_bytes(bytes[..len].to_vec());
         if len < data_end {
-            assert!(matches!(r, Err(EngineError::InvalidGguf(_))), "prefix {len}: {r:?}");
+            assert!(
+                matches!(r, Err(EngineError::InvalidGguf(_))),
+                "prefix {len}: {r:?}"
+            );
         } else {
             // Only trailing padding is missing: still a valid file.
             assert!(r.is_ok(), "prefix {len}: {r:?}");
@@ -158,7 +166,12 @@ fn tensor_data_past_end_of_file() {
         assert!(matches!(r.parse(), Err(EngineError::InvalidGguf(_))));
     }
     // Misaligned offset.
-    let m = invalid_msg(Raw::header(3, 1, 0).tensor("w", &[8], 0, 4).pad_to(512).parse());
+    let m = invalid_msg(
+        Raw::header(3, 1, 0)
+            .tensor("w", &[8], 0, 4)
+            .pad_to(512)
+            .parse(),
+    );
     assert!(m.contains("alignment"), "{m}");
 }
 
@@ -171,17 +184,29 @@ fn unknown_tensor_type_id() {
         }
         other => panic!("expected UnsupportedDtype, got {other:?}"),
     }
-    let r = Raw::header(3, 1, 0).tensor("w", &[32], u32::MAX, 0).pad_to(512);
+    let r = Raw::header(3, 1, 0)
+        .tensor("w", &[32], u32::MAX, 0)
+        .pad_to(512);
     assert!(matches!(r.parse(), Err(EngineError::UnsupportedDtype(_))));
 }
 
 #[test]
 fn absurd_counts() {
     // Array of u8 claiming 2^40 items.
-    let r = Raw::header(3, 0, 1).str("k").u32(9).u32(0).u64(1 << 40).pad_to(200);
+    let r = Raw::header(3, 0, 1)
+        .str("k")
+        .u32(9)
+        .u32(0)
+        .u64(1 << 40)
+        .pad_to(200);
     assert!(invalid_msg(r.parse()).contains("array length"));
     // Array of strings claiming u64::MAX items.
-    let r = Raw::header(3, 0, 1).str("k").u32(9).u32(8).u64(u64::MAX).pad_to(200);
+    let r = Raw::header(3, 0, 1)
+        .str("k")
+        .u32(9)
+        .u32(8)
+        .u64(u64::MAX)
+        .pad_to(200);
     assert!(matches!(r.parse(), Err(EngineError::InvalidGguf(_))));
     // Tensor and key/value counts.
     let r = Raw::header(3, u64::MAX, 0).pad_to(200);
@@ -191,20 +216,31 @@ fn absurd_counts() {
     // Unknown metadata value type and array item type.
     let r = Raw::header(3, 0, 1).str("k").u32(13).pad_to(64);
     assert!(invalid_msg(r.parse()).contains("type id 13"));
-    let r = Raw::header(3, 0, 1).str("k").u32(9).u32(99).u64(1).pad_to(64);
+    let r = Raw::header(3, 0, 1)
+        .str("k")
+        .u32(9)
+        .u32(99)
+        .u64(1)
+        .pad_to(64);
     assert!(invalid_msg(r.parse()).contains("type id 99"));
 }
 
 #[test]
 fn bad_dimensions() {
     // Element count overflow.
-    let r = Raw::header(3, 1, 0).tensor("w", &[1 << 62, 1 << 62], 0, 0).pad_to(256);
+    let r = Raw::header(3, 1, 0)
+        .tensor("w", &[1 << 62, 1 << 62], 0, 0)
+        .pad_to(256);
     assert!(invalid_msg(r.parse()).contains("overflow"));
     // Huge but not overflowing count: the size check catches it.
-    let r = Raw::header(3, 1, 0).tensor("w", &[1 << 20, 1 << 20], 0, 0).pad_to(256);
+    let r = Raw::header(3, 1, 0)
+        .tensor("w", &[1 << 20, 1 << 20], 0, 0)
+        .pad_to(256);
     assert!(invalid_msg(r.parse()).contains("past the end"));
     // Too many dimensions.
-    let r = Raw::header(3, 1, 0).tensor("w", &[1, 1, 1, 1, 1], 0, 0).pad_to(256);
+    let r = Raw::header(3, 1, 0)
+        .tensor("w", &[1, 1, 1, 1, 1], 0, 0)
+        .pad_to(256);
     assert!(invalid_msg(r.parse()).contains("dimensions"));
     // Row not a whole number of blocks.
     let r = Raw::header(3, 1, 0).tensor("w", &[16, 2], 2, 0).pad_to(256);
@@ -214,12 +250,24 @@ fn bad_dimensions() {
 #[test]
 fn bad_alignment_and_duplicates() {
     for align in [0u32, 3, 48] {
-        let r = Raw::header(3, 0, 1).str("general.alignment").u32(4).u32(align);
+        let r = Raw::header(3, 0, 1)
+            .str("general.alignment")
+            .u32(4)
+            .u32(align);
         assert!(invalid_msg(r.parse()).contains("alignment"), "{align}");
     }
-    let r = Raw::header(3, 0, 2).str("k").u32(4).u32(1).str("k").u32(4).u32(2);
+    let r = Raw::header(3, 0, 2)
+        .str("k")
+        .u32(4)
+        .u32(1)
+        .str("k")
+        .u32(4)
+        .u32(2);
     assert!(invalid_msg(r.parse()).contains("duplicate"));
-    let r = Raw::header(3, 2, 0).tensor("w", &[8], 0, 0).tensor("w", &[8], 0, 32).pad_to(256);
+    let r = Raw::header(3, 2, 0)
+        .tensor("w", &[8], 0, 0)
+        .tensor("w", &[8], 0, 32)
+        .pad_to(256);
     assert!(invalid_msg(r.parse()).contains("duplicate"));
 }
 

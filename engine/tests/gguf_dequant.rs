@@ -17,7 +17,7 @@ struct Case {
 }
 
 fn hex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0, "odd hex length");
+    assert!(s.len().is_multiple_of(2), "odd hex length");
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex digit"))
@@ -37,7 +37,10 @@ fn cases() -> Vec<Case> {
                 .iter()
                 .map(|v| v.as_f64().expect("number") as f32)
                 .collect();
-            assert_eq!(values.len() as u64, c["n_elements"].as_u64().expect("n_elements"));
+            assert_eq!(
+                values.len() as u64,
+                c["n_elements"].as_u64().expect("n_elements")
+            );
             Case {
                 name: c["type"].as_str().expect("type").to_owned(),
                 dtype: GgmlType::from_id(id).expect("known type id"),
@@ -57,13 +60,20 @@ fn assert_close(name: &str, got: &[f32], want: &[f32]) {
             bad.push((i, g, w));
         }
     }
-    assert!(bad.is_empty(), "{name}: {} mismatches, first: {:?}", bad.len(), &bad[..bad.len().min(5)]);
+    assert!(
+        bad.is_empty(),
+        "{name}: {} mismatches, first: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
 }
 
 #[test]
 fn fixture_covers_every_type() {
     let names: Vec<String> = cases().into_iter().map(|c| c.name).collect();
-    for t in ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"] {
+    for t in [
+        "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+    ] {
         assert!(names.iter().any(|n| n == t), "fixture lacks {t}");
     }
 }
@@ -74,10 +84,25 @@ fn dequantize_matches_python_reference() {
         let mut out = vec![f32::NAN; c.values.len()];
         dequantize(c.dtype, &c.bytes, &mut out).expect("dequantize");
         // The reference is ggml's scalar code: demand bit-exact results.
-        let exact = out.iter().zip(&c.values).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+        let exact = out
+            .iter()
+            .zip(&c.values)
+            .filter(|(a, b)| a.to_bits() == b.to_bits())
+            .count();
         assert_close(&c.name, &out, &c.values);
-        assert_eq!(exact, out.len(), "{}: only {exact}/{} bit-exact", c.name, out.len());
-        assert_eq!(dequantize_to_vec(c.dtype, &c.bytes).expect("to_vec"), out, "{}", c.name);
+        assert_eq!(
+            exact,
+            out.len(),
+            "{}: only {exact}/{} bit-exact",
+            c.name,
+            out.len()
+        );
+        assert_eq!(
+            dequantize_to_vec(c.dtype, &c.bytes).expect("to_vec"),
+            out,
+            "{}",
+            c.name
+        );
     }
 }
 
@@ -86,11 +111,23 @@ fn length_errors_not_panics() {
     for c in cases() {
         let n = c.values.len();
         let mut out = vec![0.0; n];
-        assert!(dequantize(c.dtype, &c.bytes[..c.bytes.len() - 1], &mut out).is_err(), "{}", c.name);
+        assert!(
+            dequantize(c.dtype, &c.bytes[..c.bytes.len() - 1], &mut out).is_err(),
+            "{}",
+            c.name
+        );
         let mut longer = c.bytes.clone();
         longer.push(0);
-        assert!(dequantize(c.dtype, &longer, &mut out).is_err(), "{}", c.name);
-        assert!(dequantize(c.dtype, &c.bytes, &mut out[..n - 1]).is_err(), "{}", c.name);
+        assert!(
+            dequantize(c.dtype, &longer, &mut out).is_err(),
+            "{}",
+            c.name
+        );
+        assert!(
+            dequantize(c.dtype, &c.bytes, &mut out[..n - 1]).is_err(),
+            "{}",
+            c.name
+        );
         assert!(dequantize(c.dtype, &[], &mut []).is_ok(), "{}", c.name);
     }
 }
@@ -102,19 +139,30 @@ fn through_a_gguf_file_and_by_row() {
     for c in &cases {
         let bs = c.dtype.block_size().max(8);
         let shape = [c.values.len() / bs, bs];
-        w.add_tensor(&c.name, c.dtype, &shape, c.bytes.clone()).expect("add");
+        w.add_tensor(&c.name, c.dtype, &shape, c.bytes.clone())
+            .expect("add");
     }
     let f = GgufFile::from_bytes(w.to_bytes().expect("serialize")).expect("parse");
     for c in &cases {
         let view = f.tensor(&c.name).expect("tensor");
-        assert_close(&c.name, &dequantize_tensor(&view).expect("tensor"), &c.values);
+        assert_close(
+            &c.name,
+            &dequantize_tensor(&view).expect("tensor"),
+            &c.values,
+        );
         let row_len = view.shape[1];
         let mut row = vec![0.0; row_len];
         for r in 0..view.shape[0] {
             dequantize_row(&view, r, &mut row).expect("row");
             assert_close(&c.name, &row, &c.values[r * row_len..(r + 1) * row_len]);
         }
-        assert!(dequantize_row(&view, view.shape[0], &mut row).is_err(), "row out of range");
-        assert!(dequantize_row(&view, 0, &mut row[..row_len - 1]).is_err(), "short row");
+        assert!(
+            dequantize_row(&view, view.shape[0], &mut row).is_err(),
+            "row out of range"
+        );
+        assert!(
+            dequantize_row(&view, 0, &mut row[..row_len - 1]).is_err(),
+            "short row"
+        );
     }
 }

@@ -23,12 +23,18 @@ fn model() -> Option<GgufFile> {
         return None;
     };
     if !path.is_file() {
-        println!("skipped: SPINDLE_MODEL_GGUF={} does not exist", path.display());
+        println!(
+            "skipped: SPINDLE_MODEL_GGUF={} does not exist",
+            path.display()
+        );
         return None;
     }
     let expected = fixture()["file"].as_str().expect("file").to_owned();
     if path.file_name().and_then(|n| n.to_str()) != Some(expected.as_str()) {
-        println!("skipped: SPINDLE_MODEL_GGUF={} is not {expected}", path.display());
+        println!(
+            "skipped: SPINDLE_MODEL_GGUF={} is not {expected}",
+            path.display()
+        );
         return None;
     }
     Some(GgufFile::open(&path).expect("model parses"))
@@ -36,7 +42,10 @@ fn model() -> Option<GgufFile> {
 
 fn floats(v: &serde_json::Value) -> Vec<f32> {
     let items = v.as_array().expect("array");
-    items.iter().map(|x| x.as_f64().expect("number") as f32).collect()
+    items
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
 }
 
 #[test]
@@ -49,14 +58,27 @@ fn header_and_metadata() {
     assert_eq!(f.get_u64("llama.embedding_length").ok(), Some(576));
     let tokens = f.get_array("tokenizer.ggml.tokens").expect("tokens");
     assert_eq!(tokens.len(), 49152);
-    assert_eq!(f.get_str("general.architecture").ok(), fx["architecture"].as_str());
+    assert_eq!(
+        f.get_str("general.architecture").ok(),
+        fx["architecture"].as_str()
+    );
     assert_eq!(Some(f.alignment()), fx["alignment"].as_u64());
     assert_eq!(Some(f.data_offset()), fx["data_offset"].as_u64());
-    assert_eq!(f.get_f64("llama.rope.freq_base").ok(), fx["rope_freq_base"].as_f64());
-    let eps = f.get_f64("llama.attention.layer_norm_rms_epsilon").expect("eps");
+    assert_eq!(
+        f.get_f64("llama.rope.freq_base").ok(),
+        fx["rope_freq_base"].as_f64()
+    );
+    let eps = f
+        .get_f64("llama.attention.layer_norm_rms_epsilon")
+        .expect("eps");
     assert_eq!(Some(eps), fx["rms_eps"].as_f64());
     let first: Vec<&str> = tokens.iter().take(4).filter_map(|t| t.as_str()).collect();
-    let want: Vec<&str> = fx["first_tokens"].as_array().expect("tokens").iter().filter_map(|t| t.as_str()).collect();
+    let want: Vec<&str> = fx["first_tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
     assert_eq!(first, want);
     let merges = f.get_array("tokenizer.ggml.merges").expect("merges").len();
     assert_eq!(Some(merges as u64), fx["merges_count"].as_u64());
@@ -69,8 +91,16 @@ fn tensors_match_python_reader() {
     for t in fx["tensors"].as_array().expect("tensors") {
         let name = t["name"].as_str().expect("name");
         let info = f.tensor_info(name).expect("tensor present");
-        assert_eq!(format!("{:?}", info.dtype).replace('K', "_K"), t["type"].as_str().expect("type"));
-        let shape: Vec<usize> = t["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+        assert_eq!(
+            format!("{:?}", info.dtype).replace('K', "_K"),
+            t["type"].as_str().expect("type")
+        );
+        let shape: Vec<usize> = t["shape"]
+            .as_array()
+            .expect("shape")
+            .iter()
+            .map(|d| d.as_u64().expect("dim") as usize)
+            .collect();
         assert_eq!(info.shape, shape, "{name}");
         assert_eq!(Some(info.offset), t["offset"].as_u64(), "{name}");
         assert_eq!(Some(info.size as u64), t["size"].as_u64(), "{name}");
@@ -78,7 +108,11 @@ fn tensors_match_python_reader() {
         let view = f.tensor(name).expect("view");
         let all = dequantize_tensor(&view).expect("dequantize");
         assert_eq!(all[..8], floats(&t["first8"])[..], "{name} first8");
-        assert_eq!(all[all.len() - 8..], floats(&t["last8"])[..], "{name} last8");
+        assert_eq!(
+            all[all.len() - 8..],
+            floats(&t["last8"])[..],
+            "{name} last8"
+        );
         let row1 = floats(&t["row1_first8"]);
         if !row1.is_empty() {
             let mut row = vec![0.0; shape[1]];
@@ -93,8 +127,15 @@ fn every_tensor_is_in_bounds_and_dequantizes() {
     let Some(f) = model() else { return };
     for info in f.tensor_infos() {
         let view = f.tensor(&info.name).expect("view");
-        assert_eq!(view.data.len(), info.dtype.bytes_for(view.numel()).expect("size"));
+        assert_eq!(
+            view.data.len(),
+            info.dtype.bytes_for(view.numel()).expect("size")
+        );
         let values = dequantize_tensor(&view).expect("dequantize");
-        assert!(values.iter().all(|v| v.is_finite()), "{} has non-finite values", info.name);
+        assert!(
+            values.iter().all(|v| v.is_finite()),
+            "{} has non-finite values",
+            info.name
+        );
     }
 }

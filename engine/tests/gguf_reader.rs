@@ -22,8 +22,14 @@ fn all_metadata() -> Vec<(&'static str, V)> {
         ("t.i64", V::I64(i64::MIN)),
         ("t.f64", V::F64(-2.25)),
         ("t.empty_string", V::String(String::new())),
-        ("t.arr_i32", V::Array(vec![V::I32(1), V::I32(-2), V::I32(3)])),
-        ("t.arr_str", V::Array(vec![V::String("a".into()), V::String("<0x0A>".into())])),
+        (
+            "t.arr_i32",
+            V::Array(vec![V::I32(1), V::I32(-2), V::I32(3)]),
+        ),
+        (
+            "t.arr_str",
+            V::Array(vec![V::String("a".into()), V::String("<0x0A>".into())]),
+        ),
         ("t.arr_empty", V::Array(vec![])),
         (
             "t.arr_nested",
@@ -41,13 +47,19 @@ fn sample_writer() -> GgufWriter {
     for (k, v) in all_metadata() {
         w.add_metadata(k, v);
     }
-    let f32s: Vec<u8> = (0..6).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
+    let f32s: Vec<u8> = (0..6)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
     let q4: Vec<u8> = (0..2 * 18).map(|i| i as u8).collect();
     let q6: Vec<u8> = (0..210).map(|i| (i * 7) as u8).collect();
-    w.add_tensor("a.f32", GgmlType::F32, &[2, 3], f32s).expect("f32");
-    w.add_tensor("b.q4_0", GgmlType::Q4_0, &[2, 32], q4).expect("q4_0");
-    w.add_tensor("c.q6_k", GgmlType::Q6K, &[256], q6).expect("q6_k");
-    w.add_tensor("d.scalar", GgmlType::F16, &[], vec![0x00, 0x3c]).expect("scalar");
+    w.add_tensor("a.f32", GgmlType::F32, &[2, 3], f32s)
+        .expect("f32");
+    w.add_tensor("b.q4_0", GgmlType::Q4_0, &[2, 32], q4)
+        .expect("q4_0");
+    w.add_tensor("c.q6_k", GgmlType::Q6K, &[256], q6)
+        .expect("q6_k");
+    w.add_tensor("d.scalar", GgmlType::F16, &[], vec![0x00, 0x3c])
+        .expect("scalar");
     w
 }
 
@@ -79,14 +91,26 @@ fn typed_accessors() {
     assert_eq!(f.get_f64("t.i32").ok(), Some(-2e9));
     assert_eq!(f.get("t.i64").and_then(V::as_i64), Some(i64::MIN));
     assert_eq!(f.get("t.bool").and_then(V::as_bool), Some(true));
-    assert_eq!(f.get("t.arr_str").and_then(V::as_array).map(<[V]>::len), Some(2));
+    assert_eq!(
+        f.get("t.arr_str").and_then(V::as_array).map(<[V]>::len),
+        Some(2)
+    );
     match f.get_str("t.u8") {
         Err(EngineError::InvalidGguf(m)) => assert!(m.contains("t.u8"), "{m}"),
         other => panic!("expected InvalidGguf, got {other:?}"),
     }
-    assert!(matches!(f.get_str("nope"), Err(EngineError::InvalidGguf(_))));
-    assert!(matches!(f.get_u64("t.string"), Err(EngineError::InvalidGguf(_))));
-    assert!(matches!(f.get_f64("t.bool"), Err(EngineError::InvalidGguf(_))));
+    assert!(matches!(
+        f.get_str("nope"),
+        Err(EngineError::InvalidGguf(_))
+    ));
+    assert!(matches!(
+        f.get_u64("t.string"),
+        Err(EngineError::InvalidGguf(_))
+    ));
+    assert!(matches!(
+        f.get_f64("t.bool"),
+        Err(EngineError::InvalidGguf(_))
+    ));
 }
 
 #[test]
@@ -111,7 +135,10 @@ fn tensor_infos_and_data() {
         assert!(t.offset >= f.data_offset());
     }
     let v = f.tensor("b.q4_0").expect("tensor");
-    assert_eq!(v.data, (0..36).map(|i| i as u8).collect::<Vec<_>>().as_slice());
+    assert_eq!(
+        v.data,
+        (0..36).map(|i| i as u8).collect::<Vec<_>>().as_slice()
+    );
     assert_eq!(v.shape, [2, 32]);
     assert_eq!(v.numel(), 64);
     let a = f.tensor("a.f32").expect("tensor");
@@ -170,11 +197,20 @@ fn open_maps_a_file() {
 #[test]
 fn writer_rejects_bad_tensors() {
     let mut w = GgufWriter::new();
-    assert!(w.add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 17]).is_err());
-    assert!(w.add_tensor("x", GgmlType::Q4_0, &[16], vec![0; 9]).is_err());
-    assert!(w.add_tensor("x", GgmlType::F32, &[1, 1, 1, 1, 1], vec![0; 4]).is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::Q4_0, &[32], vec![0; 17])
+        .is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::Q4_0, &[16], vec![0; 9])
+        .is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::F32, &[1, 1, 1, 1, 1], vec![0; 4])
+        .is_err());
     assert!(w.add_tensor("x", GgmlType::F32, &[1], vec![0; 4]).is_ok());
-    assert!(w.add_tensor("x", GgmlType::F32, &[1], vec![0; 4]).is_err(), "duplicate");
+    assert!(
+        w.add_tensor("x", GgmlType::F32, &[1], vec![0; 4]).is_err(),
+        "duplicate"
+    );
     w.add_metadata("bad", V::Array(vec![V::U8(1), V::I8(1)]));
     assert!(w.to_bytes().is_err(), "mixed-type array");
     let mut w = GgufWriter::new();

@@ -28,7 +28,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 fn spec(name: &'static str, dtype: Dtype, shape: Vec<usize>) -> Spec {
     let n: usize = shape.iter().product();
-    let size = dtype.size();
+    let size = dtype.bitsize() / 8;
     let data = (0..n * size).map(|i| (i * 7 + name.len()) as u8).collect();
     Spec {
         name,

@@ -13,8 +13,16 @@ vocabulary itself) and writes a small JSON fixture:
 
 As an independent cross-check the script also rebuilds the tokenizer the way
 llama.cpp does for `tokenizer.ggml.pre = "smollm"` (an isolated `\\p{N}` split
-followed by the GPT-2 byte-level regex), straight from the GGUF arrays with the
-`tokenizers` library, and refuses to write a fixture if the two disagree.
+followed by the GPT-2 byte-level regex; HF's own SmolLM2 `tokenizer.json` has
+the same `Digits(individual_digits) + ByteLevel` pre-tokenizer), straight from
+the GGUF arrays with the `tokenizers` library, and refuses to write a fixture if
+the two disagree on `STRINGS`.
+
+transformers' GGUF converter ignores `tokenizer.ggml.pre = "smollm"` (it uses
+the plain GPT-2 regex, without the digit split), which only shows when a run of
+whitespace or a newline comes right before a digit. `DIVERGENT` holds such
+strings: their `ids` are the llama.cpp-style ones (what the model was trained
+on) and `transformers_ids` records what transformers gives instead.
 
 Usage (venv with the packages pinned in tools/reference/requirements.txt):
 
@@ -55,6 +63,13 @@ STRINGS = [
     "Mixed 中文 and English 123 😀",
     "\u00a0non-breaking\u3000ideographic space",
     "<not_special> <|im_start |>",
+]
+
+DIVERGENT = [
+    "  123",
+    "total:\n\n42",
+    "a\r\n①",
+    "x =   3.14",
 ]
 
 CONVERSATIONS = [
@@ -123,20 +138,21 @@ def main() -> int:
     cross = llama_cpp_style_tokenizer(args.gguf)
 
     encode_cases = []
-    for text in STRINGS:
+    for text in STRINGS + DIVERGENT:
         ids = tok.encode(text, add_special_tokens=True)
-        other = cross.encode(text, add_special_tokens=True).ids
-        if ids != other:
-            print(f"MISMATCH for {text!r}:\n  transformers {ids}\n  llama.cpp-style {other}")
+        expected = cross.encode(text, add_special_tokens=True).ids
+        case = {"text": text, "ids": expected}
+        if ids != expected:
+            if text not in DIVERGENT:
+                print(f"MISMATCH for {text!r}:\n  transformers {ids}\n  llama.cpp-style {expected}")
+                return 1
+            case["transformers_ids"] = ids
+        elif text in DIVERGENT:
+            print(f"expected transformers to differ on {text!r}; move it to STRINGS")
             return 1
-        encode_cases.append(
-            {
-                "text": text,
-                "ids": ids,
-                "tokens": tok.convert_ids_to_tokens(ids),
-                "decoded": tok.decode(ids, skip_special_tokens=False),
-            }
-        )
+        case["tokens"] = [cross.id_to_token(i) for i in expected]
+        case["decoded"] = tok.decode(expected, skip_special_tokens=False)
+        encode_cases.append(case)
 
     chat_cases = []
     for messages in CONVERSATIONS:

@@ -1,1 +1,3 @@
 //! Developer tools for Spindle.
+
+pub mod tiny_model;

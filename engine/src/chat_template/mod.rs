@@ -13,6 +13,8 @@
 
 mod pyjson;
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use minijinja::syntax::SyntaxConfig;
@@ -61,10 +63,19 @@ impl ChatTemplate {
         env.add_filter("tojson", pyjson::tojson);
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source))
             .map_err(template_err)?;
-        Ok(Self { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+        Ok(Self {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
     }
 
-    /// The ChatML default ([`CHATML_TEMPLATE`]) with the given BOS/EOS text.
+    /// The ChatML default for models without a template ([`CHATML_TEMPLATE`],
+    /// rendered with `bos_token = ""` and `eos_token = "<|im_end|>"`):
+    ///
+    /// ```text
+    /// {% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}
+    /// ```
     pub fn chatml_default() -> Self {
         Self::chatml_with_tokens("", "<|im_end|>")
     }
@@ -91,7 +102,12 @@ impl ChatTemplate {
         tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        self.render_with_kwargs(messages, tools, add_generation_prompt, &serde_json::Map::new())
+        self.render_with_kwargs(
+            messages,
+            tools,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+        )
     }
 
     /// [`ChatTemplate::render`] with extra template variables (HF's
@@ -104,10 +120,20 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
-        let mut ctx: Vec<(String, Value)> =
-            kwargs.iter().map(|(k, v)| (k.clone(), pyjson::to_value(v))).collect();
+        let mut ctx: BTreeMap<String, Value> = kwargs
+            .iter()
+            .map(|(k, v)| (k.clone(), pyjson::to_value(v)))
+            .collect();
         let fixed = [
-            ("messages", Value::from(messages.iter().map(pyjson::to_value).collect::<Vec<_>>())),
+            (
+                "messages",
+                Value::from(
+                    messages
+                        .iter()
+                        .map(|m| pyjson::to_value(&alias_reasoning(m)))
+                        .collect::<Vec<_>>(),
+                ),
+            ),
             (
                 "tools",
                 tools.map_or(Value::from(()), |t| {
@@ -120,19 +146,51 @@ impl ChatTemplate {
             ("eos_token", Value::from(self.eos_token.as_str())),
         ];
         for (name, value) in fixed {
-            ctx.retain(|(k, _)| k != name);
-            ctx.push((name.to_string(), value));
+            ctx.insert(name.to_string(), value);
         }
         let template = self.env.get_template(TEMPLATE_NAME).map_err(template_err)?;
-        template.render(Value::from_iter(ctx)).map_err(template_err)
+        template.render(Value::from(ctx)).map_err(template_err)
     }
+}
+
+/// Names a message's reasoning may come under (transformers 5 reads the first).
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// As transformers 5 does: a message with reasoning under any of
+/// [`REASONING_FIELDS`] gets it as `reasoning_content` and (unless already
+/// set) as `thinking` too, so every template finds it.
+fn alias_reasoning(message: &serde_json::Value) -> Cow<'_, serde_json::Value> {
+    let Some(obj) = message.as_object() else {
+        return Cow::Borrowed(message);
+    };
+    let found = REASONING_FIELDS
+        .iter()
+        .find_map(|k| obj.get(*k).filter(|v| !v.is_null()));
+    let Some(reasoning) = found else {
+        return Cow::Borrowed(message);
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("thinking".to_string(), reasoning.clone());
+    for (k, v) in obj {
+        out.insert(k.clone(), v.clone());
+    }
+    out.insert("reasoning_content".to_string(), reasoning.clone());
+    Cow::Owned(serde_json::Value::Object(out))
 }
 
 /// `raise_exception(msg)`: aborts rendering with `msg` (HF templates use it
 /// to reject unsupported roles or orderings).
 fn raise_exception(args: Rest<Value>) -> std::result::Result<Value, Error> {
-    let msg = args.0.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" ");
-    Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{msg}")))
+    let msg = args
+        .0
+        .iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{RAISED}{msg}"),
+    ))
 }
 
 /// `strftime_now(fmt)`: the local time formatted with strftime codes.
@@ -146,8 +204,12 @@ fn strftime_now(format: &str) -> std::result::Result<Value, Error> {
         ));
     }
     let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format_with_items(items.iter()))
-        .map_err(|_| Error::new(ErrorKind::InvalidOperation, "strftime_now: format failed"))?;
+    write!(
+        out,
+        "{}",
+        chrono::Local::now().format_with_items(items.iter())
+    )
+    .map_err(|_| Error::new(ErrorKind::InvalidOperation, "strftime_now: format failed"))?;
     Ok(Value::from(out))
 }
 
@@ -180,7 +242,10 @@ fn rewrite_generation_tags(source: &str) -> String {
             return out;
         };
         let inner = &tag[2..end];
-        let trimmed = inner.trim_start_matches(['-', '+']).trim_end_matches(['-', '+']).trim();
+        let trimmed = inner
+            .trim_start_matches(['-', '+'])
+            .trim_end_matches(['-', '+'])
+            .trim();
         let replacement = match trimmed {
             "generation" => Some("if true"),
             "endgeneration" => Some("endif"),

@@ -20,11 +20,19 @@ impl Object for OrderedMap {
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let key = key.as_str()?;
-        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+        self.entries
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Values(self.entries.iter().map(|(k, _)| Value::from(k.as_str())).collect())
+        Enumerator::Values(
+            self.entries
+                .iter()
+                .map(|(k, _)| Value::from(k.as_str()))
+                .collect(),
+        )
     }
 }
 
@@ -82,7 +90,10 @@ pub(crate) fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Re
     let (item_sep, key_sep) = match separators {
         Some(seps) if seps.len() == 2 => (seps[0].clone(), seps[1].clone()),
         Some(_) => {
-            return Err(Error::new(ErrorKind::InvalidOperation, "separators must be a pair"))
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "separators must be a pair",
+            ))
         }
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
         None => (", ".to_string(), ": ".to_string()),
@@ -106,7 +117,9 @@ fn write_value(out: &mut String, value: &Value, style: &Style, depth: usize) -> 
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number if value.is_integer() => out.push_str(&value.to_string()),
         ValueKind::Number => out.push_str(&py_float(f64::try_from(value.clone())?)),
-        ValueKind::String | ValueKind::Plain => write_str(out, &value.to_string(), style.ensure_ascii),
+        ValueKind::String | ValueKind::Plain => {
+            write_str(out, &value.to_string(), style.ensure_ascii)
+        }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             write_container(out, style, depth, ('[', ']'), items.len(), |out, i| {
@@ -225,7 +238,11 @@ pub(crate) fn py_float(x: f64) -> String {
         return "NaN".into();
     }
     if x.is_infinite() {
-        return if x > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if x > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     let sci = format!("{x:e}");
     let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));

@@ -110,7 +110,10 @@ struct Parsed {
 impl GgufFile {
     /// Memory-map and parse the GGUF file at `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        let io_err = |source| EngineError::Io { path: path.to_path_buf(), source };
+        let io_err = |source| EngineError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = std::fs::File::open(path).map_err(io_err)?;
         // SAFETY: the map is read-only and private to this process. As with
         // every mmap, the file must not be truncated or rewritten while it is
@@ -166,28 +169,36 @@ impl GgufFile {
     pub fn get_str(&self, key: &str) -> Result<&str> {
         self.get(key)
             .and_then(MetadataValue::as_str)
-            .ok_or_else(|| EngineError::InvalidGguf(format!("missing or non-string metadata `{key}`")))
+            .ok_or_else(|| {
+                EngineError::InvalidGguf(format!("missing or non-string metadata `{key}`"))
+            })
     }
 
     /// The metadata value for `key` as a `u64`; accepts any non-negative integer type.
     pub fn get_u64(&self, key: &str) -> Result<u64> {
-        self.get(key).and_then(MetadataValue::as_u64).ok_or_else(|| {
-            EngineError::InvalidGguf(format!("missing or non-integer metadata `{key}`"))
-        })
+        self.get(key)
+            .and_then(MetadataValue::as_u64)
+            .ok_or_else(|| {
+                EngineError::InvalidGguf(format!("missing or non-integer metadata `{key}`"))
+            })
     }
 
     /// The metadata value for `key` as an `f64`; accepts float or integer types.
     pub fn get_f64(&self, key: &str) -> Result<f64> {
-        self.get(key).and_then(MetadataValue::as_f64).ok_or_else(|| {
-            EngineError::InvalidGguf(format!("missing or non-numeric metadata `{key}`"))
-        })
+        self.get(key)
+            .and_then(MetadataValue::as_f64)
+            .ok_or_else(|| {
+                EngineError::InvalidGguf(format!("missing or non-numeric metadata `{key}`"))
+            })
     }
 
     /// The array metadata value for `key`.
     pub fn get_array(&self, key: &str) -> Result<&[MetadataValue]> {
         self.get(key)
             .and_then(MetadataValue::as_array)
-            .ok_or_else(|| EngineError::InvalidGguf(format!("missing or non-array metadata `{key}`")))
+            .ok_or_else(|| {
+                EngineError::InvalidGguf(format!("missing or non-array metadata `{key}`"))
+            })
     }
 
     /// Tensor infos, in file order.
@@ -204,9 +215,11 @@ impl GgufFile {
     pub fn tensor_data(&self, info: &TensorInfo) -> Result<&[u8]> {
         let start = usize::try_from(info.offset).ok();
         let range = start.and_then(|s| s.checked_add(info.size).map(|e| s..e));
-        range.and_then(|r| self.backing.bytes().get(r)).ok_or_else(|| {
-            EngineError::InvalidGguf(format!("tensor `{}` data is out of bounds", info.name))
-        })
+        range
+            .and_then(|r| self.backing.bytes().get(r))
+            .ok_or_else(|| {
+                EngineError::InvalidGguf(format!("tensor `{}` data is out of bounds", info.name))
+            })
     }
 }
 
@@ -240,11 +253,17 @@ fn parse(bytes: &[u8]) -> Result<Parsed> {
     for i in 0..n_tensors {
         raw.push(parse_tensor_info(&mut c, i)?);
     }
-    let data_offset = align_up(c.pos() as u64, alignment).ok_or_else(|| {
-        EngineError::InvalidGguf("data section offset overflows".to_owned())
-    })?;
+    let data_offset = align_up(c.pos() as u64, alignment)
+        .ok_or_else(|| EngineError::InvalidGguf("data section offset overflows".to_owned()))?;
     let (tensors, index) = place_tensors(raw, data_offset, alignment, bytes.len())?;
-    Ok(Parsed { version, alignment, data_offset, metadata, tensors, index })
+    Ok(Parsed {
+        version,
+        alignment,
+        data_offset,
+        metadata,
+        tensors,
+        index,
+    })
 }
 
 fn parse_magic_and_version(c: &mut Cursor<'_>) -> Result<u32> {
@@ -261,9 +280,12 @@ fn parse_magic_and_version(c: &mut Cursor<'_>) -> Result<u32> {
             "GGUF version 1 is not supported (only versions 2 and 3 are); re-convert the model"
                 .to_owned(),
         )),
-        v if v & 0xFFFF == 0 && matches!(v.swap_bytes(), 1..=3) => Err(EngineError::InvalidGguf(
-            format!("big-endian GGUF (version {}) is not supported", v.swap_bytes()),
-        )),
+        v if v & 0xFFFF == 0 && matches!(v.swap_bytes(), 1..=3) => {
+            Err(EngineError::InvalidGguf(format!(
+                "big-endian GGUF (version {}) is not supported",
+                v.swap_bytes()
+            )))
+        }
         v => Err(EngineError::InvalidGguf(format!(
             "unsupported GGUF version {v} (only versions 2 and 3 are supported)"
         ))),
@@ -286,7 +308,9 @@ fn parse_metadata(c: &mut Cursor<'_>, n_kv: usize) -> Result<BTreeMap<String, Me
             );
         }
         if metadata.contains_key(&key) {
-            return Err(EngineError::InvalidGguf(format!("duplicate metadata key `{key}`")));
+            return Err(EngineError::InvalidGguf(format!(
+                "duplicate metadata key `{key}`"
+            )));
         }
         metadata.insert(key, value);
     }
@@ -317,17 +341,23 @@ struct RawTensorInfo {
 fn parse_tensor_info(c: &mut Cursor<'_>, i: usize) -> Result<RawTensorInfo> {
     let name = c.string_strict(&format!("name of tensor #{i}"))?;
     let n_dims = c.u32("tensor dimension count")?;
-    let n_dims = usize::try_from(n_dims).ok().filter(|&n| n <= MAX_DIMS).ok_or_else(|| {
-        EngineError::InvalidGguf(format!(
-            "tensor `{name}` has {n_dims} dimensions (at most {MAX_DIMS} are allowed)"
-        ))
-    })?;
+    let n_dims = usize::try_from(n_dims)
+        .ok()
+        .filter(|&n| n <= MAX_DIMS)
+        .ok_or_else(|| {
+            EngineError::InvalidGguf(format!(
+                "tensor `{name}` has {n_dims} dimensions (at most {MAX_DIMS} are allowed)"
+            ))
+        })?;
     let mut ne = Vec::with_capacity(n_dims);
     for _ in 0..n_dims {
         let d = c.u64("tensor dimension")?;
-        let d = usize::try_from(d).ok().filter(|&d| d as u64 <= i64::MAX as u64).ok_or_else(|| {
-            EngineError::InvalidGguf(format!("tensor `{name}` has an absurd dimension {d}"))
-        })?;
+        let d = usize::try_from(d)
+            .ok()
+            .filter(|&d| d as u64 <= i64::MAX as u64)
+            .ok_or_else(|| {
+                EngineError::InvalidGguf(format!("tensor `{name}` has an absurd dimension {d}"))
+            })?;
         ne.push(d);
     }
     let type_id = c.u32("tensor type")?;
@@ -337,14 +367,25 @@ fn parse_tensor_info(c: &mut Cursor<'_>, i: usize) -> Result<RawTensorInfo> {
     let rel_offset = c.u64("tensor offset")?;
     let size = tensor_size(&name, dtype, &ne)?;
     ne.reverse();
-    Ok(RawTensorInfo { name, dtype, shape: ne, size, rel_offset })
+    Ok(RawTensorInfo {
+        name,
+        dtype,
+        shape: ne,
+        size,
+        rel_offset,
+    })
 }
 
 /// Byte size of a tensor with GGUF dims `ne` (innermost first).
 fn tensor_size(name: &str, dtype: GgmlType, ne: &[usize]) -> Result<usize> {
-    let numel = ne.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
-        EngineError::InvalidGguf(format!("tensor `{name}` dims {ne:?}: element count overflows"))
-    })?;
+    let numel = ne
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            EngineError::InvalidGguf(format!(
+                "tensor `{name}` dims {ne:?}: element count overflows"
+            ))
+        })?;
     let bs = dtype.block_size();
     if let Some(&row) = ne.first() {
         if row % bs != 0 {
@@ -353,7 +394,9 @@ fn tensor_size(name: &str, dtype: GgmlType, ne: &[usize]) -> Result<usize> {
             )));
         }
     }
-    dtype.bytes_for(numel).map_err(|e| EngineError::InvalidGguf(format!("tensor `{name}`: {e}")))
+    dtype
+        .bytes_for(numel)
+        .map_err(|e| EngineError::InvalidGguf(format!("tensor `{name}`: {e}")))
 }
 
 /// Make offsets absolute and check every tensor lies inside the file.
@@ -375,7 +418,10 @@ fn place_tensors(
         let offset = data_offset.checked_add(t.rel_offset);
         let end = offset.and_then(|o| o.checked_add(t.size as u64));
         let (Some(offset), Some(end)) = (offset, end) else {
-            return Err(EngineError::InvalidGguf(format!("tensor `{}` offset overflows", t.name)));
+            return Err(EngineError::InvalidGguf(format!(
+                "tensor `{}` offset overflows",
+                t.name
+            )));
         };
         if end > file_len as u64 {
             return Err(EngineError::InvalidGguf(format!(
@@ -384,7 +430,10 @@ fn place_tensors(
             )));
         }
         if index.insert(t.name.clone(), tensors.len()).is_some() {
-            return Err(EngineError::InvalidGguf(format!("duplicate tensor name `{}`", t.name)));
+            return Err(EngineError::InvalidGguf(format!(
+                "duplicate tensor name `{}`",
+                t.name
+            )));
         }
         tensors.push(TensorInfo {
             name: t.name,

@@ -166,7 +166,10 @@ pub(crate) struct ValueParser {
 impl ValueParser {
     /// A parser with the full value budget.
     pub(crate) fn new() -> Self {
-        Self { budget: MAX_METADATA_VALUES, lossy_strings: 0 }
+        Self {
+            budget: MAX_METADATA_VALUES,
+            lossy_strings: 0,
+        }
     }
 
     fn spend(&mut self, n: usize, key: &str) -> Result<()> {

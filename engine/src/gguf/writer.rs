@@ -64,9 +64,12 @@ impl GgufWriter {
                 shape.len()
             )));
         }
-        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| {
-            EngineError::InvalidGguf(format!("tensor `{name}` shape {shape:?} overflows"))
-        })?;
+        let numel = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| {
+                EngineError::InvalidGguf(format!("tensor `{name}` shape {shape:?} overflows"))
+            })?;
         if let Some(&row) = shape.last() {
             if row % dtype.block_size() != 0 {
                 return Err(EngineError::InvalidGguf(format!(
@@ -82,7 +85,9 @@ impl GgufWriter {
             )));
         }
         if self.tensors.iter().any(|t| t.name == name) {
-            return Err(EngineError::InvalidGguf(format!("duplicate tensor name `{name}`")));
+            return Err(EngineError::InvalidGguf(format!(
+                "duplicate tensor name `{name}`"
+            )));
         }
         self.tensors.push(PendingTensor {
             name: name.to_owned(),
@@ -151,8 +156,10 @@ impl GgufWriter {
     /// Serialize and write the file to `path`.
     pub fn write_to(&self, path: &Path) -> Result<()> {
         let bytes = self.to_bytes()?;
-        std::fs::write(path, bytes)
-            .map_err(|source| EngineError::Io { path: path.to_path_buf(), source })
+        std::fs::write(path, bytes).map_err(|source| EngineError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 

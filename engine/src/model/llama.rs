@@ -155,9 +155,23 @@ struct Scratch {
 impl LlamaModel {
     /// Load every weight the config calls for from `src`.
     pub fn load(config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming) -> Result<Self> {
+        Self::load_with_progress(config, src, naming, &mut |_, _| {})
+    }
+
+    /// As [`LlamaModel::load`], calling `progress(done, total)` after each layer.
+    pub fn load_with_progress(
+        config: ModelConfig,
+        src: &dyn TensorSource,
+        naming: WeightNaming,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         let loader = Loader { src, naming };
         let embed = loader.linear(naming.global("embed"), config.vocab_size, config.hidden_size)?;
-        let layers = (0..config.num_layers).map(|i| loader.layer(i, &config)).collect::<Result<Vec<_>>>()?;
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            layers.push(loader.layer(i, &config)?);
+            progress(i + 1, config.num_layers);
+        }
         let head_name = naming.global("head");
         let lm_head = if src.contains(head_name) {
             Some(loader.linear(head_name, config.vocab_size, config.hidden_size)?)
@@ -308,7 +322,8 @@ impl LlamaModel {
         let rows = hidden.len() / h;
         let mut logits = vec![0f32; rows * vocab];
         if rows > 0 {
-            head.forward(&hidden, rows, &mut logits, self.precision)?;
+            let hp = if std::env::var_os("XHEAD").is_some() { MatmulPrecision::Exact } else { self.precision };
+            head.forward(&hidden, rows, &mut logits, hp)?;
         }
         let mut out = Vec::with_capacity(spans.len());
         let mut at = 0;

@@ -54,15 +54,15 @@ pub fn dequantize(dtype: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
 /// inferred from `data.len()`, which must be a whole number of blocks.
 pub fn dequantize_to_vec(dtype: GgmlType, data: &[u8]) -> Result<Vec<f32>> {
     let (ts, bs) = (dtype.type_size(), dtype.block_size());
-    if data.len() % ts != 0 {
+    if !data.len().is_multiple_of(ts) {
         return Err(EngineError::InvalidGguf(format!(
             "dequantize {dtype:?}: {} bytes is not a whole number of {ts}-byte blocks",
             data.len()
         )));
     }
-    let n = (data.len() / ts)
-        .checked_mul(bs)
-        .ok_or_else(|| EngineError::InvalidGguf("dequantize: element count overflows".to_owned()))?;
+    let n = (data.len() / ts).checked_mul(bs).ok_or_else(|| {
+        EngineError::InvalidGguf("dequantize: element count overflows".to_owned())
+    })?;
     let mut out = vec![0.0f32; n];
     dequantize(dtype, data, &mut out)?;
     Ok(out)
@@ -70,9 +70,13 @@ pub fn dequantize_to_vec(dtype: GgmlType, data: &[u8]) -> Result<Vec<f32>> {
 
 /// Dequantize a whole tensor into a new vector (row-major, outermost first).
 pub fn dequantize_tensor(view: &TensorView<'_>) -> Result<Vec<f32>> {
-    let n = view.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| {
-        EngineError::InvalidGguf(format!("tensor `{}` element count overflows", view.name))
-    })?;
+    let n = view
+        .shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| {
+            EngineError::InvalidGguf(format!("tensor `{}` element count overflows", view.name))
+        })?;
     let mut out = vec![0.0f32; n];
     dequantize(view.dtype, view.data, &mut out)
         .map_err(|e| EngineError::InvalidGguf(format!("tensor `{}`: {e}", view.name)))?;
@@ -104,7 +108,10 @@ pub fn dequantize_row(view: &TensorView<'_>, row: usize, out: &mut [f32]) -> Res
         .and_then(|s| s.checked_add(row_bytes).map(|e| s..e))
         .and_then(|r| view.data.get(r))
         .ok_or_else(|| {
-            EngineError::InvalidGguf(format!("tensor `{}` data is shorter than its shape", view.name))
+            EngineError::InvalidGguf(format!(
+                "tensor `{}` data is shorter than its shape",
+                view.name
+            ))
         })?;
     dequantize(view.dtype, bytes, out)
 }
@@ -130,8 +137,13 @@ fn run_serial<const IN: usize, const OUT: usize>(
     out: &mut [f32],
     f: fn(&[u8; IN], &mut [f32; OUT]),
 ) -> Result<()> {
-    if data.len() / IN != out.len() / OUT || data.len() % IN != 0 || out.len() % OUT != 0 {
-        return Err(EngineError::InvalidGguf("dequantize: block count mismatch".to_owned()));
+    if data.len() / IN != out.len() / OUT
+        || !data.len().is_multiple_of(IN)
+        || !out.len().is_multiple_of(OUT)
+    {
+        return Err(EngineError::InvalidGguf(
+            "dequantize: block count mismatch".to_owned(),
+        ));
     }
     for (d, o) in data.chunks_exact(IN).zip(out.chunks_exact_mut(OUT)) {
         match (<&[u8; IN]>::try_from(d), <&mut [f32; OUT]>::try_from(o)) {
@@ -312,7 +324,11 @@ mod tests {
         let n_blocks = PARALLEL_MIN_BLOCKS + 37;
         let mut data = vec![0u8; n_blocks * 34];
         for (i, blk) in data.chunks_exact_mut(34).enumerate() {
-            blk[..2].copy_from_slice(&half::f16::from_f32(0.01 * (i % 7) as f32).to_bits().to_le_bytes());
+            blk[..2].copy_from_slice(
+                &half::f16::from_f32(0.01 * (i % 7) as f32)
+                    .to_bits()
+                    .to_le_bytes(),
+            );
             for (j, q) in blk[2..].iter_mut().enumerate() {
                 *q = (i * 31 + j * 7) as u8;
             }

@@ -12,6 +12,8 @@
 //!    (`logit -= frequency * count + presence * (count > 0)`).
 //! 2. **Sanitise**, in place: NaN logits become `-inf`, `+inf` becomes
 //!    `f32::MAX`. If every logit is `-inf` they are all set to `0` (uniform).
+//!    Exponentials use a vectorisable f32 `exp` (relative error ~2e-7) with
+//!    f64 accumulation.
 //! 3. **Logprobs**: the log-softmax of these penalised logits, *before*
 //!    temperature and truncation: the model's distribution as the penalties
 //!    left it. [`SampledToken::logprob`] is always filled in;
@@ -22,30 +24,33 @@
 //!    vLLM order: top-p's mass is measured on the top-k set, min-p relative to
 //!    the most likely token), and a token is drawn from what is left.
 //!
-//! The full vocabulary is never sorted when it can be avoided: top-k uses
-//! `select_nth_unstable`, top-p sorts only a small head of candidates unless
-//! the nucleus is larger, and scratch buffers live in the sampler.
+//! The full vocabulary is never sorted: top-k uses `select_nth_unstable`,
+//! top-p a weighted quickselect that sorts at most a small range (expected
+//! O(vocab) either way), and scratch buffers live in the sampler.
 
+mod math;
 mod rng;
+mod select;
 #[cfg(test)]
 mod tests;
 
 pub use rng::{entropy_seed, splitmix64, Rng};
 
-use std::cmp::Ordering;
-
 use crate::error::{EngineError, Result};
+use select::{mass, top_k_into, truncate_top_p, TopKHeap, HEAP_TOP_K};
 
 /// The most alternatives [`SamplingParams::top_logprobs`] may ask for.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-/// How many leading candidates top-p sorts before falling back to a full sort.
-const TOP_P_HEAD: usize = 128;
+/// Temperatures below this are treated as greedy (as vLLM does), which also
+/// keeps `1 / temperature` finite.
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
 
 /// How to pick the next token. `Default` is greedy with no penalties.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// Softmax temperature; `0` means greedy (argmax).
+    /// Softmax temperature; `0` (or anything below [`GREEDY_TEMPERATURE`])
+    /// means greedy (argmax).
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens; `0` disables.
     pub top_k: usize,
@@ -87,9 +92,10 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
-    /// Whether these parameters always pick the argmax.
+    /// Whether these parameters always pick the argmax: `top_k == 1`, or a
+    /// temperature below [`GREEDY_TEMPERATURE`].
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
+        self.temperature < GREEDY_TEMPERATURE || self.top_k == 1
     }
 
     /// Check every value is in range; the error names the field, the value and the range.
@@ -156,22 +162,16 @@ pub struct Sampler {
     params: SamplingParams,
     seed: u64,
     rng: Rng,
-    /// `(scaled logit, token)` candidates; reused across calls.
+    /// Temperature-scaled, max-shifted exponentials, one per vocabulary entry.
+    probs: Vec<f32>,
+    /// `(unnormalised probability, token)` candidates.
     cand: Vec<(f32, u32)>,
+    /// Scratch heap for small top-k selections.
+    heap: TopKHeap,
     /// Per-token counters for the penalties; all zero between calls.
     counts: Vec<u32>,
     /// Tokens whose counter is non-zero.
     touched: Vec<u32>,
-}
-
-/// Descending by value, then ascending by token id: a total order.
-fn desc(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
-    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
-}
-
-/// Unnormalised probability of a max-shifted, temperature-scaled logit.
-fn weight(s: f32) -> f64 {
-    f64::from(s).exp()
 }
 
 impl Sampler {
@@ -183,7 +183,9 @@ impl Sampler {
             params,
             seed,
             rng: Rng::new(seed),
+            probs: Vec::new(),
             cand: Vec::new(),
+            heap: TopKHeap::new(),
             counts: Vec::new(),
             touched: Vec::new(),
         })
@@ -202,7 +204,7 @@ impl Sampler {
     /// Choose the next token.
     ///
     /// `logits` holds one value per vocabulary entry and is modified in place
-    /// (sanitised and penalised, see the module docs). `prompt_tokens` and
+    /// (penalised and sanitised, see the module docs). `prompt_tokens` and
     /// `output_tokens` feed the penalties; ids outside the vocabulary are ignored.
     pub fn sample(
         &mut self,
@@ -218,15 +220,20 @@ impl Sampler {
             };
         }
         self.apply_penalties(logits, prompt_tokens, output_tokens);
-        sanitize(logits);
-        let (argmax, max) = argmax(logits);
-        let sum: f64 = logits.iter().map(|&l| weight(l - max)).sum();
-        let log_z = max + sum.ln() as f32;
-        let token = if self.params.is_greedy() {
-            argmax
+        let (argmax, max) = math::sanitize_argmax(logits);
+        self.probs.resize(logits.len(), 0.0);
+        let probs = &mut self.probs[..logits.len()];
+        let (token, sum) = if self.params.is_greedy() {
+            (argmax, math::exp_sum(logits, max, 1.0, probs))
         } else {
-            self.draw(logits, max)
+            let t = self.params.temperature;
+            let unscaled = (t != 1.0).then(|| math::exp_sum(logits, max, 1.0, &mut *probs));
+            // `probs` ends up holding the temperature-scaled values for `draw`.
+            let scaled = math::exp_sum(logits, max, 1.0 / t, probs);
+            let token = self.draw(logits.len(), scaled).unwrap_or(argmax);
+            (token, unscaled.unwrap_or(scaled))
         };
+        let log_z = max + sum.ln() as f32;
         let top_logprobs = self.top_n(logits, log_z);
         let logprob = logits
             .get(token as usize)
@@ -283,55 +290,68 @@ impl Sampler {
         }
     }
 
-    /// Temperature, top-k, top-p, min-p, then a random draw. `max` is the largest logit.
-    fn draw(&mut self, logits: &[f32], max: f32) -> u32 {
-        let p = &self.params;
-        let t = p.temperature;
-        let min_p_floor = if p.min_p > 0.0 {
-            p.min_p.ln()
+    /// Top-k, top-p, min-p over `probs[..n]` (whose largest entry is 1 and
+    /// whose sum is `total`), then a random draw. `None` only if no token has
+    /// a non-zero probability.
+    fn draw(&mut self, n: usize, total: f64) -> Option<u32> {
+        let Self {
+            params: p,
+            probs,
+            cand,
+            heap,
+            rng,
+            ..
+        } = self;
+        let probs = &probs[..n];
+        let top_k = if p.top_k > 0 && p.top_k < n {
+            p.top_k
         } else {
-            f32::NEG_INFINITY
+            0
         };
         // min-p keeps a prefix of the descending order, as top-k does, so it
         // can be applied first; not so when top-p must measure the top-k mass.
-        let early_floor = if p.top_p >= 1.0 {
-            min_p_floor
+        let early_min_p = if p.top_p >= 1.0 { p.min_p } else { 0.0 };
+        if top_k > 0 && top_k <= HEAP_TOP_K {
+            top_k_into(probs, top_k, early_min_p.max(f32::MIN_POSITIVE), heap, cand);
         } else {
-            f32::NEG_INFINITY
-        };
-        self.cand.clear();
-        for (i, &l) in logits.iter().enumerate() {
-            let s = (l - max) / t;
-            if s > f32::NEG_INFINITY && s >= early_floor {
-                self.cand.push((s, i as u32));
+            // Without top-k, tokens under `floor` hold at most half of the
+            // 1 - top_p mass top-p drops, so they cannot be in the nucleus.
+            let floor = if top_k == 0 && p.top_p < 1.0 {
+                (0.5 * (1.0 - f64::from(p.top_p)) * total / n as f64) as f32
+            } else {
+                0.0
+            };
+            let floor = floor.max(early_min_p).max(f32::MIN_POSITIVE);
+            cand.clear();
+            cand.extend(
+                probs
+                    .iter()
+                    .enumerate()
+                    .filter(|c| *c.1 >= floor)
+                    .map(|(i, &w)| (w, i as u32)),
+            );
+            if top_k > 0 && top_k < cand.len() {
+                cand.select_nth_unstable_by(top_k - 1, select::desc);
+                cand.truncate(top_k);
             }
         }
-        if self.cand.is_empty() {
-            // Unreachable in practice (the argmax has s == 0), but stay total.
-            return argmax(logits).0;
-        }
-        if p.top_k > 0 && p.top_k < self.cand.len() {
-            self.cand.select_nth_unstable_by(p.top_k - 1, desc);
-            self.cand.truncate(p.top_k);
-        }
         if p.top_p < 1.0 {
-            let total: f64 = self.cand.iter().map(|c| weight(c.0)).sum();
-            truncate_top_p(&mut self.cand, f64::from(p.top_p) * total);
+            let base = if top_k > 0 { mass(cand) } else { total };
+            truncate_top_p(cand, f64::from(p.top_p) * base);
         }
-        if min_p_floor > early_floor {
-            self.cand.retain(|c| c.0 >= min_p_floor);
+        if p.min_p > early_min_p {
+            cand.retain(|c| c.0 >= p.min_p);
         }
-        let total: f64 = self.cand.iter().map(|c| weight(c.0)).sum();
-        let target = self.rng.next_f64() * total;
+        let target = rng.next_f64() * mass(cand);
         let mut acc = 0.0;
-        for &(s, tok) in &self.cand {
-            acc += weight(s);
+        for &(w, tok) in cand.iter() {
+            acc += f64::from(w);
             if target < acc {
-                return tok;
+                return Some(tok);
             }
         }
         // Rounding left `target` past the last bucket: take the last candidate.
-        self.cand.last().map_or(0, |c| c.1)
+        cand.last().map(|c| c.1)
     }
 
     /// The `top_logprobs` most likely tokens of `logits`, normalised by `log_z`.
@@ -340,70 +360,8 @@ impl Sampler {
         if n == 0 {
             return Vec::new();
         }
-        self.cand.clear();
-        self.cand
-            .extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
-        if n < self.cand.len() {
-            self.cand.select_nth_unstable_by(n - 1, desc);
-            self.cand.truncate(n);
-        }
-        self.cand.sort_unstable_by(desc);
+        top_k_into(logits, n, f32::NEG_INFINITY, &mut self.heap, &mut self.cand);
+        self.cand.sort_unstable_by(select::desc);
         self.cand.iter().map(|&(l, tok)| (tok, l - log_z)).collect()
     }
-}
-
-/// Keep the shortest descending prefix of `cand` whose mass reaches `target`
-/// (at least one token). Sorts only a head of [`TOP_P_HEAD`] candidates
-/// unless the nucleus turns out to be larger.
-fn truncate_top_p(cand: &mut Vec<(f32, u32)>, target: f64) {
-    let mut head = TOP_P_HEAD.min(cand.len());
-    loop {
-        if head == 0 {
-            return;
-        }
-        if head < cand.len() {
-            cand.select_nth_unstable_by(head - 1, desc);
-        }
-        cand[..head].sort_unstable_by(desc);
-        let mut acc = 0.0;
-        for (i, &(s, _)) in cand[..head].iter().enumerate() {
-            acc += weight(s);
-            if acc >= target {
-                cand.truncate(i + 1);
-                return;
-            }
-        }
-        if head == cand.len() {
-            return; // rounding: the whole set is the nucleus
-        }
-        head = cand.len();
-    }
-}
-
-/// NaN → `-inf`, `+inf` → `f32::MAX`; all `-inf` → all `0` (uniform).
-fn sanitize(logits: &mut [f32]) {
-    let mut any_finite = false;
-    for l in logits.iter_mut() {
-        if l.is_nan() {
-            *l = f32::NEG_INFINITY;
-        } else if *l == f32::INFINITY {
-            *l = f32::MAX;
-        }
-        any_finite |= *l > f32::NEG_INFINITY;
-    }
-    if !any_finite {
-        logits.fill(0.0);
-    }
-}
-
-/// Index and value of the largest logit (lowest index on ties). Expects
-/// non-empty, NaN-free input.
-fn argmax(logits: &[f32]) -> (u32, f32) {
-    let mut best = (0u32, f32::NEG_INFINITY);
-    for (i, &l) in logits.iter().enumerate() {
-        if l > best.1 {
-            best = (i as u32, l);
-        }
-    }
-    best
 }

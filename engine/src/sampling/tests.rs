@@ -1,5 +1,6 @@
 //! Unit tests for the sampler.
 
+use super::select::{desc, TOP_P_HEAD};
 use super::*;
 
 fn params() -> SamplingParams {
@@ -26,6 +27,17 @@ fn logits_of(probs: &[f32]) -> Vec<f32> {
 fn random_logits(n: usize, seed: u64) -> Vec<f32> {
     let mut r = Rng::new(seed);
     (0..n).map(|_| (r.next_f64() * 10.0 - 5.0) as f32).collect()
+}
+
+/// Index of the largest value (lowest on ties), by a plain scan.
+fn argmax(l: &[f32]) -> (u32, f32) {
+    let mut best = (0u32, f32::NEG_INFINITY);
+    for (i, &x) in l.iter().enumerate() {
+        if x > best.1 {
+            best = (i as u32, x);
+        }
+    }
+    best
 }
 
 /// Draw `n` tokens from fixed logits and count them per token.
@@ -55,6 +67,16 @@ fn default_is_greedy_and_valid() {
     let p = SamplingParams::default();
     assert!(p.is_greedy());
     assert!(p.validate().is_ok());
+    assert!(SamplingParams {
+        temperature: 1e-6,
+        ..params()
+    }
+    .is_greedy());
+    assert!(!SamplingParams {
+        temperature: 1e-3,
+        ..params()
+    }
+    .is_greedy());
 }
 
 #[test]
@@ -279,7 +301,7 @@ fn top_p_is_measured_on_the_top_k_set() {
 #[test]
 fn top_p_with_a_large_nucleus() {
     // Uniform over 1000: the nucleus is ids 0..500 (ties broken by id), larger
-    // than the partially sorted head.
+    // than the head top-p examines first.
     let logits = vec![0.0f32; 1000];
     let mut s = sampler(SamplingParams {
         top_p: 0.5,
@@ -413,5 +435,97 @@ fn non_finite_logits_do_not_panic() {
         assert!(!out.logprob.is_nan());
         let out = s.sample(&mut [], &[], &[]);
         assert_eq!(out.token, 0);
+    }
+}
+
+#[test]
+fn nucleus_on_a_large_vocab_stays_inside_the_nucleus() {
+    let logits = random_logits(49_152, 11);
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        ..params()
+    };
+    let mut s = sampler(p);
+    // The reference nucleus, by a full sort.
+    let mut sorted: Vec<(f32, u32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (l / 0.8, i as u32))
+        .collect();
+    sorted.sort_by(desc);
+    let max = sorted[0].0;
+    let weight = |x: f32| f64::from(x).exp();
+    let total: f64 = sorted.iter().map(|c| weight(c.0 - max)).sum();
+    let mut acc = 0.0;
+    let mut nucleus = std::collections::HashSet::new();
+    for c in &sorted {
+        nucleus.insert(c.1);
+        acc += weight(c.0 - max);
+        if acc >= 0.9 * total {
+            break;
+        }
+    }
+    let start = std::time::Instant::now();
+    for _ in 0..200 {
+        let token = s.sample(&mut logits.clone(), &[], &[]).token;
+        assert!(nucleus.contains(&token));
+    }
+    eprintln!("200 nucleus samples over 49k: {:?}", start.elapsed());
+}
+
+#[test]
+fn zz_timing_tmp() {
+    let logits = random_logits(49_152, 11);
+    for (name, p) in [
+        ("greedy", SamplingParams::default()),
+        (
+            "temp",
+            SamplingParams {
+                temperature: 0.8,
+                ..params()
+            },
+        ),
+        (
+            "topk40",
+            SamplingParams {
+                temperature: 0.8,
+                top_k: 40,
+                ..params()
+            },
+        ),
+        (
+            "topp",
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.9,
+                ..params()
+            },
+        ),
+        (
+            "minp",
+            SamplingParams {
+                temperature: 0.8,
+                min_p: 0.05,
+                ..params()
+            },
+        ),
+        (
+            "topp-peaked",
+            SamplingParams {
+                temperature: 0.1,
+                top_p: 0.9,
+                ..params()
+            },
+        ),
+    ] {
+        let mut s = sampler(p);
+        let mut buf = logits.clone();
+        let start = std::time::Instant::now();
+        for _ in 0..200 {
+            buf.copy_from_slice(&logits);
+            s.sample(&mut buf, &[], &[]);
+        }
+        eprintln!("{name}: {:?}/sample", start.elapsed() / 200);
     }
 }

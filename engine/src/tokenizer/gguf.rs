@@ -68,28 +68,52 @@ enum PreKind {
 }
 
 const GPT2_NAMES: &[&str] = &["default", "gpt2", "gpt-2", "mpt", "olmo", "jais"];
-const DIGITS_NAMES: &[&str] =
-    &["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"];
+const DIGITS_NAMES: &[&str] = &[
+    "smollm",
+    "starcoder",
+    "refact",
+    "command-r",
+    "codeshell",
+    "exaone",
+    "minerva-7b",
+];
 /// llama.cpp sets `ignore_merges` for these (and so does Llama 3's tokenizer.json).
 const LLAMA3_NAMES: &[&str] = &["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"];
 const LLAMA3_MERGING_NAMES: &[&str] = &["dbrx", "smaug-bpe"];
 const QWEN2_NAMES: &[&str] = &["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"];
 
 fn pre_kind(pre: Option<&str>) -> Result<PreKind> {
-    let Some(name) = pre else { return Ok(PreKind::Gpt2) };
+    let Some(name) = pre else {
+        return Ok(PreKind::Gpt2);
+    };
     if GPT2_NAMES.contains(&name) {
         Ok(PreKind::Gpt2)
     } else if DIGITS_NAMES.contains(&name) {
         Ok(PreKind::Gpt2Digits)
     } else if LLAMA3_NAMES.contains(&name) {
-        Ok(PreKind::Regex { pattern: LLAMA3_SPLIT, ignore_merges: true })
+        Ok(PreKind::Regex {
+            pattern: LLAMA3_SPLIT,
+            ignore_merges: true,
+        })
     } else if LLAMA3_MERGING_NAMES.contains(&name) {
-        Ok(PreKind::Regex { pattern: LLAMA3_SPLIT, ignore_merges: false })
+        Ok(PreKind::Regex {
+            pattern: LLAMA3_SPLIT,
+            ignore_merges: false,
+        })
     } else if QWEN2_NAMES.contains(&name) {
-        Ok(PreKind::Regex { pattern: QWEN2_SPLIT, ignore_merges: false })
+        Ok(PreKind::Regex {
+            pattern: QWEN2_SPLIT,
+            ignore_merges: false,
+        })
     } else {
-        let known: Vec<&str> = [GPT2_NAMES, DIGITS_NAMES, LLAMA3_NAMES, LLAMA3_MERGING_NAMES, QWEN2_NAMES]
-            .concat();
+        let known: Vec<&str> = [
+            GPT2_NAMES,
+            DIGITS_NAMES,
+            LLAMA3_NAMES,
+            LLAMA3_MERGING_NAMES,
+            QWEN2_NAMES,
+        ]
+        .concat();
         Err(EngineError::Tokenizer(format!(
             "unsupported GGUF pre-tokenizer `{name}` (tokenizer.ggml.pre); supported: {}",
             known.join(", ")
@@ -147,7 +171,9 @@ fn check_spec(spec: &GgufTokenizerSpec) -> Result<()> {
         )));
     }
     if spec.tokens.is_empty() {
-        return Err(EngineError::Tokenizer("GGUF tokenizer has no tokens".into()));
+        return Err(EngineError::Tokenizer(
+            "GGUF tokenizer has no tokens".into(),
+        ));
     }
     if !spec.token_types.is_empty() && spec.token_types.len() != spec.tokens.len() {
         return Err(EngineError::Tokenizer(format!(
@@ -156,7 +182,12 @@ fn check_spec(spec: &GgufTokenizerSpec) -> Result<()> {
             spec.tokens.len()
         )));
     }
-    let ids = [("bos", spec.bos_id), ("eos", spec.eos_id), ("unk", spec.unk_id), ("pad", spec.pad_id)];
+    let ids = [
+        ("bos", spec.bos_id),
+        ("eos", spec.eos_id),
+        ("unk", spec.unk_id),
+        ("pad", spec.pad_id),
+    ];
     for (name, id) in ids {
         if let Some(id) = id.filter(|&id| id as usize >= spec.tokens.len()) {
             return Err(EngineError::Tokenizer(format!(
@@ -195,7 +226,10 @@ fn build_vocab(spec: &GgufTokenizerSpec) -> Result<Vocab> {
         vocab.insert(key, id32);
     }
     if duplicates > 0 {
-        tracing::warn!(duplicates, "GGUF vocabulary has duplicate tokens; keeping the first id");
+        tracing::warn!(
+            duplicates,
+            "GGUF vocabulary has duplicate tokens; keeping the first id"
+        );
     }
     Ok(vocab)
 }
@@ -204,9 +238,11 @@ fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>> {
     merges
         .iter()
         .map(|m| {
-            m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| {
-                EngineError::Tokenizer(format!("GGUF merge `{m}` is not `left right`"))
-            })
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| {
+                    EngineError::Tokenizer(format!("GGUF merge `{m}` is not `left right`"))
+                })
         })
         .collect()
 }
@@ -215,7 +251,13 @@ fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>> {
 pub(super) fn build_hf_tokenizer(spec: &GgufTokenizerSpec) -> Result<tokenizers::Tokenizer> {
     check_spec(spec)?;
     let kind = pre_kind(spec.pre.as_deref())?;
-    let ignore_merges = matches!(kind, PreKind::Regex { ignore_merges: true, .. });
+    let ignore_merges = matches!(
+        kind,
+        PreKind::Regex {
+            ignore_merges: true,
+            ..
+        }
+    );
     let bpe = BPE::builder()
         .vocab_and_merges(build_vocab(spec)?, parse_merges(&spec.merges)?)
         .ignore_merges(ignore_merges)
@@ -237,7 +279,12 @@ pub(super) fn build_hf_tokenizer(spec: &GgufTokenizerSpec) -> Result<tokenizers:
     hf.add_tokens(&added(TOKEN_TYPE_USER_DEFINED, false));
     let (model_size, full_size) = (hf.get_vocab_size(false), hf.get_vocab_size(true));
     if full_size != spec.tokens.len() {
-        tracing::warn!(model_size, full_size, tokens = spec.tokens.len(), "GGUF vocabulary size changed");
+        tracing::warn!(
+            model_size,
+            full_size,
+            tokens = spec.tokens.len(),
+            "GGUF vocabulary size changed"
+        );
     }
     Ok(hf)
 }
@@ -248,12 +295,22 @@ fn key_err(key: &str, what: &str) -> EngineError {
 
 fn string_array(file: &GgufFile, key: &str, required: bool) -> Result<Vec<String>> {
     let Some(value) = file.get(key) else {
-        return if required { Err(key_err(key, "is missing")) } else { Ok(Vec::new()) };
+        return if required {
+            Err(key_err(key, "is missing"))
+        } else {
+            Ok(Vec::new())
+        };
     };
-    let items = value.as_array().ok_or_else(|| key_err(key, "is not an array"))?;
+    let items = value
+        .as_array()
+        .ok_or_else(|| key_err(key, "is not an array"))?;
     items
         .iter()
-        .map(|v| v.as_str().map(str::to_string).ok_or_else(|| key_err(key, "holds a non-string")))
+        .map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| key_err(key, "holds a non-string"))
+        })
         .collect()
 }
 
@@ -269,7 +326,9 @@ fn optional_id(file: &GgufFile, key: &str) -> Result<Option<u32>> {
 }
 
 fn optional_bool(file: &GgufFile, key: &str) -> Result<Option<bool>> {
-    file.get(key).map(|v| v.as_bool().ok_or_else(|| key_err(key, "is not a bool"))).transpose()
+    file.get(key)
+        .map(|v| v.as_bool().ok_or_else(|| key_err(key, "is not a bool")))
+        .transpose()
 }
 
 /// Reads the `tokenizer.ggml.*` keys of a GGUF file.
@@ -288,7 +347,9 @@ pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec> {
     let pre = match file.get("tokenizer.ggml.pre") {
         None => None,
         Some(v) => Some(
-            v.as_str().ok_or_else(|| key_err("tokenizer.ggml.pre", "is not a string"))?.to_string(),
+            v.as_str()
+                .ok_or_else(|| key_err("tokenizer.ggml.pre", "is not a string"))?
+                .to_string(),
         ),
     };
     let types_key = "tokenizer.ggml.token_type";
@@ -301,8 +362,7 @@ pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec> {
             .collect::<Option<Vec<i32>>>()
             .ok_or_else(|| key_err(types_key, "holds a non-integer"))?,
     };
-    let default_bos =
-        model == "llama" || pre.as_deref().is_some_and(|p| LLAMA3_NAMES.contains(&p));
+    let default_bos = model == "llama" || pre.as_deref().is_some_and(|p| LLAMA3_NAMES.contains(&p));
     Ok(GgufTokenizerSpec {
         tokens: string_array(file, "tokenizer.ggml.tokens", true)?,
         merges: string_array(file, "tokenizer.ggml.merges", false)?,
@@ -320,5 +380,7 @@ pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec> {
 
 /// The chat template stored in a GGUF file (`tokenizer.chat_template`).
 pub fn gguf_chat_template(file: &GgufFile) -> Option<String> {
-    file.get("tokenizer.chat_template").and_then(MetadataValue::as_str).map(str::to_string)
+    file.get("tokenizer.chat_template")
+        .and_then(MetadataValue::as_str)
+        .map(str::to_string)
 }

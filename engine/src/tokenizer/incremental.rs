@@ -25,14 +25,21 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     /// A decoder for `tokenizer`; `skip_special` drops special tokens.
     pub fn new(tokenizer: Tokenizer, skip_special: bool) -> Self {
-        Self { tokenizer, skip_special, ids: Vec::new(), read_offset: 0 }
+        Self {
+            tokenizer,
+            skip_special,
+            ids: Vec::new(),
+            read_offset: 0,
+        }
     }
 
     /// Adds one id; returns the text it completes (often empty while a
     /// multi-byte character is still incomplete).
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
-        let prefix = self.tokenizer.decode(&self.ids[..self.read_offset], self.skip_special)?;
+        let prefix = self
+            .tokenizer
+            .decode(&self.ids[..self.read_offset], self.skip_special)?;
         let full = self.tokenizer.decode(&self.ids, self.skip_special)?;
         if full.ends_with('\u{FFFD}') {
             return Ok(String::new());
@@ -50,7 +57,9 @@ impl IncrementalDecoder {
     /// Flushes whatever is still pending (an incomplete character comes out
     /// as U+FFFD) and resets the decoder.
     pub fn finish(&mut self) -> Result<String> {
-        let prefix = self.tokenizer.decode(&self.ids[..self.read_offset], self.skip_special)?;
+        let prefix = self
+            .tokenizer
+            .decode(&self.ids[..self.read_offset], self.skip_special)?;
         let full = self.tokenizer.decode(&self.ids, self.skip_special)?;
         self.ids.clear();
         self.read_offset = 0;

@@ -54,6 +54,8 @@ struct Inner {
     hf: tokenizers::Tokenizer,
     /// A copy that encodes special-token text literally, built on first use.
     literal: OnceLock<tokenizers::Tokenizer>,
+    /// Number of ids, added tokens included (costly to ask `hf` for).
+    vocab_size: usize,
     special: SpecialTokens,
     bos_id: Option<u32>,
     eos_ids: Vec<u32>,
@@ -107,7 +109,9 @@ impl Tokenizer {
         let eos_id = lookup("eos", &special.eos)?;
         let unk_id = lookup("unk", &special.unk)?;
         let pad_id = lookup("pad", &special.pad)?;
-        Ok(Self::assemble(hf, special, bos_id, eos_id, unk_id, pad_id, None, None))
+        Ok(Self::assemble(
+            hf, special, bos_id, eos_id, unk_id, pad_id, None, None,
+        ))
     }
 
     /// Builds a tokenizer from GGUF `tokenizer.ggml.*` metadata.
@@ -130,8 +134,16 @@ impl Tokenizer {
             unk: token_at(spec.unk_id),
             pad: token_at(spec.pad_id),
         };
-        let prepend = if spec.add_bos { Some(required(spec.bos_id, "add_bos")?) } else { None };
-        let append = if spec.add_eos { Some(required(spec.eos_id, "add_eos")?) } else { None };
+        let prepend = if spec.add_bos {
+            Some(required(spec.bos_id, "add_bos")?)
+        } else {
+            None
+        };
+        let append = if spec.add_eos {
+            Some(required(spec.eos_id, "add_eos")?)
+        } else {
+            None
+        };
         Ok(Self::assemble(
             hf,
             special,
@@ -156,6 +168,7 @@ impl Tokenizer {
         append_eos: Option<u32>,
     ) -> Self {
         let inner = Inner {
+            vocab_size: hf.get_vocab_size(true),
             hf,
             literal: OnceLock::new(),
             special,
@@ -166,7 +179,9 @@ impl Tokenizer {
             prepend_bos,
             append_eos,
         };
-        Self { inner: Arc::new(inner) }
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Adds more end-of-generation ids (e.g. `eos_token_id` lists from
@@ -198,8 +213,14 @@ impl Tokenizer {
         add_special_tokens: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>> {
-        let hf = if parse_special { &self.inner.hf } else { self.literal() };
-        let enc = hf.encode_fast(text, add_special_tokens).map_err(|e| tok_err("encode", e))?;
+        let hf = if parse_special {
+            &self.inner.hf
+        } else {
+            self.literal()
+        };
+        let enc = hf
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| tok_err("encode", e))?;
         let body = enc.get_ids();
         let mut ids = Vec::with_capacity(body.len() + 2);
         if add_special_tokens {
@@ -229,7 +250,10 @@ impl Tokenizer {
                 "token id {bad} is outside the vocabulary of {n}"
             )));
         }
-        self.inner.hf.decode(ids, skip_special).map_err(|e| tok_err("decode", e))
+        self.inner
+            .hf
+            .decode(ids, skip_special)
+            .map_err(|e| tok_err("decode", e))
     }
 
     /// The id of a token given by its vocabulary spelling (e.g. `Ġthe`).
@@ -244,7 +268,7 @@ impl Tokenizer {
 
     /// Number of ids, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.hf.get_vocab_size(true)
+        self.inner.vocab_size
     }
 
     /// The BOS id, if the model has one.
@@ -276,7 +300,10 @@ impl Tokenizer {
     /// Whether `id` is a special added token (skipped by `skip_special`).
     pub fn is_special(&self, id: u32) -> bool {
         let added = self.inner.hf.get_added_vocabulary();
-        added.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
+        added
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special)
     }
 
     /// The wrapped Hugging Face tokenizer.

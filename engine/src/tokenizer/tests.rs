@@ -7,8 +7,9 @@ use super::*;
 use crate::gguf::{GgufFile, GgufWriter, MetadataValue};
 
 const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-const MERGES: [&str; 10] =
-    ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2"];
+const MERGES: [&str; 10] = [
+    "h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "1 2",
+];
 
 /// Three control tokens, the 256 byte characters, then one token per merge.
 fn toy_spec(pre: &str) -> GgufTokenizerSpec {
@@ -42,7 +43,10 @@ fn toy(pre: &str) -> Tokenizer {
 fn encodes_with_merges_and_round_trips() {
     let tok = toy("gpt2");
     let ids = tok.encode("hello world", false).unwrap();
-    let expected = vec![tok.token_to_id("hello").unwrap(), tok.token_to_id("Ġworld").unwrap()];
+    let expected = vec![
+        tok.token_to_id("hello").unwrap(),
+        tok.token_to_id("Ġworld").unwrap(),
+    ];
     assert_eq!(ids, expected);
     assert_eq!(tok.decode(&ids, false).unwrap(), "hello world");
     assert_eq!(tok.vocab_size(), 3 + 256 + MERGES.len() + 1);
@@ -55,7 +59,10 @@ fn control_tokens_are_single_special_ids() {
     let hello = tok.token_to_id("hello").unwrap();
     let ids = tok.encode("<|im_start|>hello<|im_end|>", false).unwrap();
     assert_eq!(ids, vec![1, hello, 2]);
-    assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>hello<|im_end|>");
+    assert_eq!(
+        tok.decode(&ids, false).unwrap(),
+        "<|im_start|>hello<|im_end|>"
+    );
     assert_eq!(tok.decode(&ids, true).unwrap(), "hello");
     assert!(tok.is_special(1) && !tok.is_special(hello));
 
@@ -97,14 +104,20 @@ fn unknown_pre_tokenizer_is_a_clear_error() {
     let err = Tokenizer::from_gguf_spec(toy_spec("no-such-pre")).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, crate::EngineError::Tokenizer(_)));
-    assert!(msg.contains("no-such-pre") && msg.contains("tokenizer.ggml.pre"), "{msg}");
+    assert!(
+        msg.contains("no-such-pre") && msg.contains("tokenizer.ggml.pre"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn unsupported_model_and_bad_ids_are_errors() {
     let mut spec = toy_spec("gpt2");
     spec.model = "llama".into();
-    assert!(Tokenizer::from_gguf_spec(spec).unwrap_err().to_string().contains("llama"));
+    assert!(Tokenizer::from_gguf_spec(spec)
+        .unwrap_err()
+        .to_string()
+        .contains("llama"));
     let mut spec = toy_spec("gpt2");
     spec.bos_id = Some(1_000_000);
     assert!(Tokenizer::from_gguf_spec(spec).is_err());
@@ -191,13 +204,21 @@ fn spec_is_read_from_gguf_metadata() {
         .add_metadata("tokenizer.ggml.merges", strings(&spec.merges))
         .add_metadata(
             "tokenizer.ggml.token_type",
-            MetadataValue::Array(spec.token_types.iter().map(|&t| MetadataValue::I32(t)).collect()),
+            MetadataValue::Array(
+                spec.token_types
+                    .iter()
+                    .map(|&t| MetadataValue::I32(t))
+                    .collect(),
+            ),
         )
         .add_metadata("tokenizer.ggml.bos_token_id", MetadataValue::U32(1))
         .add_metadata("tokenizer.ggml.eos_token_id", MetadataValue::U32(2))
         .add_metadata("tokenizer.ggml.padding_token_id", MetadataValue::U32(0))
         .add_metadata("tokenizer.ggml.add_bos_token", MetadataValue::Bool(false))
-        .add_metadata("tokenizer.chat_template", MetadataValue::String("{{ x }}".into()));
+        .add_metadata(
+            "tokenizer.chat_template",
+            MetadataValue::String("{{ x }}".into()),
+        );
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     assert_eq!(gguf_tokenizer_spec(&file).unwrap(), spec);
     assert_eq!(gguf_chat_template(&file).as_deref(), Some("{{ x }}"));
@@ -210,4 +231,36 @@ fn missing_tokens_key_is_an_error() {
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     let msg = gguf_tokenizer_spec(&file).unwrap_err().to_string();
     assert!(msg.contains("tokenizer.ggml.tokens"), "{msg}");
+}
+
+#[test]
+fn from_file_resolves_special_tokens() {
+    let toy = toy("smollm");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    toy.hf().save(&path, false).unwrap();
+    let special = SpecialTokens {
+        bos: Some("<|im_start|>".into()),
+        eos: Some("<|im_end|>".into()),
+        ..Default::default()
+    };
+    let tok = Tokenizer::from_file(&path, special.clone()).unwrap();
+    assert_eq!((tok.bos_id(), tok.eos_ids()), (Some(1), &[2u32][..]));
+    assert_eq!(tok.special_tokens(), &special);
+    let text = "<|im_start|>hello 12 é";
+    assert_eq!(
+        tok.encode(text, true).unwrap(),
+        toy.encode(text, true).unwrap()
+    );
+
+    let bad = SpecialTokens {
+        eos: Some("<nope>".into()),
+        ..Default::default()
+    };
+    assert!(Tokenizer::from_file(&path, bad)
+        .unwrap_err()
+        .to_string()
+        .contains("<nope>"));
+    let missing = dir.path().join("missing.json");
+    assert!(Tokenizer::from_file(&missing, SpecialTokens::default()).is_err());
 }

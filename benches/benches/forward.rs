@@ -1,0 +1,66 @@
+//! Decode-step time at batch 1/4/16 and prefill throughput at 128/512 tokens
+//! on SmolLM2-135M-Instruct (Q4_1), with the rayon pool's thread count
+//! (`RAYON_NUM_THREADS`, default: all cores).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
+use spindle_engine::kv::BlockAllocator;
+use spindle_engine::runner::ModelRunner;
+use std::time::Duration;
+
+const BLOCK: usize = 16;
+const CONTEXT: usize = 128;
+
+fn seq(tokens: Vec<u32>, start: usize, table: &[u32]) -> SeqInput {
+    SeqInput {
+        tokens,
+        start_pos: start,
+        block_table: table.to_vec(),
+        logits: LogitsRequest::None,
+        sampling: Some(SeqSampling::default()),
+    }
+}
+
+fn bench_forward(c: &mut Criterion) {
+    let Some(model) = spindle_benches::load_smollm2() else { return };
+    let mut runner = ModelRunner::new(model, 1024, BLOCK);
+    let mut alloc = BlockAllocator::new(1024);
+
+    let mut decode = c.benchmark_group("decode_step");
+    decode.sample_size(20).measurement_time(Duration::from_secs(8));
+    for batch in [1usize, 4, 16] {
+        let mut tables = vec![Vec::new(); batch];
+        for (i, t) in tables.iter_mut().enumerate() {
+            alloc.ensure(t, CONTEXT + 1, BLOCK).expect("pool sized for the benchmark");
+            let prompt: Vec<u32> = (0..CONTEXT as u32).map(|p| 100 + (p * 7 + i as u32) % 4000).collect();
+            runner.execute(&ForwardBatch { seqs: vec![seq(prompt, 0, t)] }).expect("prefill");
+        }
+        let step = ForwardBatch { seqs: tables.iter().map(|t| seq(vec![42], CONTEXT, t)).collect() };
+        decode.throughput(Throughput::Elements(batch as u64));
+        decode.bench_with_input(BenchmarkId::from_parameter(batch), &step, |b, step| {
+            b.iter(|| runner.execute(step).expect("decode"))
+        });
+        for t in tables.iter_mut() {
+            alloc.release(t);
+        }
+    }
+    decode.finish();
+
+    let mut prefill = c.benchmark_group("prefill");
+    prefill.sample_size(10).measurement_time(Duration::from_secs(10));
+    for len in [128usize, 512] {
+        let mut table = Vec::new();
+        alloc.ensure(&mut table, len, BLOCK).expect("pool sized for the benchmark");
+        let prompt: Vec<u32> = (0..len as u32).map(|p| 100 + (p * 13) % 4000).collect();
+        let batch = ForwardBatch { seqs: vec![seq(prompt, 0, &table)] };
+        prefill.throughput(Throughput::Elements(len as u64));
+        prefill.bench_with_input(BenchmarkId::from_parameter(len), &batch, |b, batch| {
+            b.iter(|| runner.execute(batch).expect("prefill"))
+        });
+        alloc.release(&mut table);
+    }
+    prefill.finish();
+}
+
+criterion_group!(benches, bench_forward);
+criterion_main!(benches);

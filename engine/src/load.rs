@@ -1,0 +1,86 @@
+//! Loading a whole model — weights, tokenizer, chat template, stop tokens —
+//! from a GGUF file or an HF directory, by path or cached name.
+
+use crate::chat_template::ChatTemplate;
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use crate::hf::HfModelDir;
+use crate::model::{LlamaModel, WeightNaming};
+use crate::models::{resolve, ModelFormat, ModelLocation};
+use crate::tokenizer::{gguf_chat_template, gguf_tokenizer_spec, SpecialTokens, Tokenizer};
+
+/// Everything needed to turn a conversation into tokens and back.
+#[derive(Debug)]
+pub struct LoadedModel {
+    /// Where it came from and its served name.
+    pub location: ModelLocation,
+    /// The weights.
+    pub model: LlamaModel,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The chat template (the model's own, or the ChatML default).
+    pub template: ChatTemplate,
+    /// Token ids that end generation.
+    pub stop_tokens: Vec<u32>,
+}
+
+/// Load progress: `done` of `total` layers.
+pub type ProgressFn<'a> = &'a mut dyn FnMut(usize, usize);
+
+/// Load by path or cached name.
+pub fn load_model(name_or_path: &str, progress: ProgressFn<'_>) -> Result<LoadedModel> {
+    let location = resolve(name_or_path)?;
+    match location.format {
+        ModelFormat::Gguf => load_gguf(location, progress),
+        ModelFormat::HfDir => load_hf(location, progress),
+    }
+}
+
+fn load_gguf(location: ModelLocation, progress: ProgressFn<'_>) -> Result<LoadedModel> {
+    let file = GgufFile::open(&location.path)?;
+    let config = ModelConfig::from_gguf(&file)?;
+    let tokenizer = Tokenizer::from_gguf_spec(gguf_tokenizer_spec(&file)?)?;
+    let model = LlamaModel::load_with_progress(config, &file, WeightNaming::Gguf, progress)?;
+    let template = make_template(gguf_chat_template(&file).as_deref(), &tokenizer)?;
+    let stop_tokens = tokenizer.eos_ids().to_vec();
+    Ok(LoadedModel { location, model, tokenizer, template, stop_tokens })
+}
+
+fn load_hf(location: ModelLocation, progress: ProgressFn<'_>) -> Result<LoadedModel> {
+    let dir = HfModelDir::open(&location.path)?;
+    let config = ModelConfig::from_hf_json(dir.config())?;
+    let tok_path = dir
+        .tokenizer_json_path()
+        .ok_or_else(|| EngineError::InvalidModelDir(format!("{} has no tokenizer.json", location.path.display())))?;
+    let special = SpecialTokens {
+        bos: dir.bos_token().map(str::to_string),
+        eos: dir.eos_token().map(str::to_string),
+        ..SpecialTokens::default()
+    };
+    let mut tokenizer = Tokenizer::from_file(&tok_path, special)?;
+    tokenizer.add_eos_ids(&dir.eos_token_ids());
+    let model = LlamaModel::load_with_progress(config, &dir, WeightNaming::Hf, progress)?;
+    let template = make_template(dir.chat_template(), &tokenizer)?;
+    let stop_tokens = tokenizer.eos_ids().to_vec();
+    Ok(LoadedModel { location, model, tokenizer, template, stop_tokens })
+}
+
+fn make_template(source: Option<&str>, tok: &Tokenizer) -> Result<ChatTemplate> {
+    let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
+    let bos = tok.special_tokens().bos.clone().unwrap_or_else(|| name(tok.bos_id()));
+    let eos = tok.special_tokens().eos.clone().unwrap_or_else(|| name(tok.eos_ids().first().copied()));
+    match source {
+        Some(src) => ChatTemplate::new(src, &bos, &eos),
+        None => Ok(ChatTemplate::chatml_with_tokens(&bos, &eos)),
+    }
+}
+
+impl LoadedModel {
+    /// Render a single user message with the chat template and tokenize it.
+    pub fn chat_prompt(&self, user_message: &str) -> Result<Vec<u32>> {
+        let messages = [serde_json::json!({"role": "user", "content": user_message})];
+        let text = self.template.render(&messages, None, true)?;
+        self.tokenizer.encode(&text, false)
+    }
+}

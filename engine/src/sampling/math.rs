@@ -1,0 +1,194 @@
+//! Vocabulary-wide numeric passes, written so the compiler can vectorise them.
+
+/// Lanes used by the vectorisable loops.
+const LANES: usize = 8;
+
+/// `e^x` in f32 without a libm call: Cody-Waite range reduction and the
+/// Cephes `expf` polynomial (relative error about 2e-7 on the range that
+/// matters here). Returns exactly `0` below -87 (so `-inf` gives `0`) and
+/// exactly `1` at `0`; NaN is not expected (logits are sanitised first).
+#[inline(always)]
+pub(super) fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let xc = x.max(-87.0).min(88.0);
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 5.000_000_1e-1;
+    let e = p * r * r + r + 1.0;
+    // The low mantissa bits of `shifted` hold n (as an offset integer).
+    let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
+    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
+    if x < -87.0 {
+        0.0
+    } else {
+        e * scale
+    }
+}
+
+/// Block size for the exp-then-sum passes (keeps the block in L1).
+const BLOCK: usize = 2048;
+
+/// Writes `e^((l - max) * inv_t)` for each logit into `out` (as long as
+/// `logits`) and returns their sum, accumulated in f64. Two passes per block
+/// (exp, then sum) so that both vectorise.
+pub(super) fn exp_sum(logits: &[f32], max: f32, inv_t: f32, out: &mut [f32]) -> f64 {
+    let mut total = 0.0;
+    for (o, l) in out.chunks_mut(BLOCK).zip(logits.chunks(BLOCK)) {
+        for (o, &l) in o.iter_mut().zip(l) {
+            *o = fast_exp((l - max) * inv_t);
+        }
+        total += lane_sum(o);
+    }
+    total
+}
+
+/// Sum in f64 with independent lanes (vectorisable).
+fn lane_sum(x: &[f32]) -> f64 {
+    let mut acc = [0f64; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for j in 0..LANES {
+            acc[j] += f64::from(c[j]);
+        }
+    }
+    acc.iter().sum::<f64>()
+        + chunks
+            .remainder()
+            .iter()
+            .map(|&v| f64::from(v))
+            .sum::<f64>()
+}
+
+/// NaN → `-inf`, `+inf` → `f32::MAX`; all `-inf` → all `0` (uniform).
+/// Returns the index and value of the largest logit (lowest index on ties).
+pub(super) fn sanitize_argmax(logits: &mut [f32]) -> (u32, f32) {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = logits.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for j in 0..LANES {
+            let l = if c[j].is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                c[j].min(f32::MAX)
+            };
+            c[j] = l;
+            lanes[j] = lanes[j].max(l);
+        }
+    }
+    let mut max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    for l in chunks.into_remainder() {
+        if l.is_nan() {
+            *l = f32::NEG_INFINITY;
+        }
+        *l = l.min(f32::MAX);
+        max = max.max(*l);
+    }
+    if max == f32::NEG_INFINITY {
+        logits.fill(0.0);
+        return (0, 0.0);
+    }
+    let index = logits.iter().position(|&l| l == max).unwrap_or(0);
+    (index as u32, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_matches_std() {
+        let mut worst = 0f32;
+        let mut x = -87.0f32;
+        while x <= 10.0 {
+            let (a, b) = (fast_exp(x), x.exp());
+            worst = worst.max(((a - b) / b).abs());
+            x += 0.001_3;
+        }
+        assert!(worst < 1e-6, "worst relative error {worst}");
+        assert_eq!(fast_exp(0.0), 1.0);
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(fast_exp(-200.0), 0.0);
+    }
+
+    #[test]
+    fn exp_sum_matches_std() {
+        let logits: Vec<f32> = (0..5000).map(|i| -((i % 97) as f32) * 0.25).collect();
+        let expect: f64 = logits.iter().map(|&l| f64::from((l * 0.5).exp())).sum();
+        let mut out = vec![0.0; logits.len()];
+        let a = exp_sum(&logits, 0.0, 0.5, &mut out);
+        assert!(
+            (a - expect).abs() < 1e-9 * expect.max(1.0) * 1e3,
+            "{a} vs {expect}"
+        );
+        assert!((out[96] - (-12.0f32).exp()).abs() < 1e-10);
+    }
+
+    #[test]
+    fn sanitize_handles_non_finite() {
+        let mut l = [f32::NAN, 1.0, f32::INFINITY, 3.0];
+        assert_eq!(sanitize_argmax(&mut l), (2, f32::MAX));
+        assert_eq!(l[0], f32::NEG_INFINITY);
+        let mut l = [f32::NAN, f32::NEG_INFINITY];
+        assert_eq!(sanitize_argmax(&mut l), (0, 0.0));
+        assert_eq!(l, [0.0, 0.0]);
+        // Long enough for the lane loop, with ties and non-finite values in both parts.
+        let mut l: Vec<f32> = (0..37).map(|i| (i % 5) as f32).collect();
+        l[3] = f32::NAN;
+        l[35] = f32::NAN;
+        assert_eq!(sanitize_argmax(&mut l), (4, 4.0));
+        assert_eq!((l[3], l[35]), (f32::NEG_INFINITY, f32::NEG_INFINITY));
+    }
+}
+
+#[cfg(test)]
+mod zz_bench_tmp {
+    use super::*;
+    #[test]
+    fn zz_bench_math() {
+        let logits: Vec<f32> = (0..49_152)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
+            .collect();
+        let mut buf = logits.clone();
+        let mut out = vec![0.0; logits.len()];
+        let n = 200;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            buf.copy_from_slice(&logits);
+            std::hint::black_box(&buf);
+        }
+        eprintln!("copy {:?}", t.elapsed() / n);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            buf.copy_from_slice(&logits);
+            std::hint::black_box(sanitize_argmax(&mut buf));
+        }
+        eprintln!("copy+sanitize {:?}", t.elapsed() / n);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(exp_sum(&logits, 5.0, 1.0, &mut out));
+        }
+        eprintln!("sum_exp {:?}", t.elapsed() / n);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(exp_sum(&logits, 5.0, 1.25, &mut out));
+        }
+        eprintln!("sum_exp out {:?}", t.elapsed() / n);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(
+                logits
+                    .iter()
+                    .map(|&l| f64::from((l - 5.0).exp()))
+                    .sum::<f64>(),
+            );
+        }
+        eprintln!("std exp {:?}", t.elapsed() / n);
+    }
+}

@@ -1,0 +1,12 @@
+//! Subcommands of the `spindle` binary.
+
+pub mod generate;
+pub mod models;
+
+/// Size rayon's global pool (`--threads`, default: all cores).
+pub fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
+    if let Some(n) = threads {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+    }
+    Ok(())
+}
