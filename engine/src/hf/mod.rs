@@ -2,7 +2,7 @@
 //!
 //! [`HfModelDir::open`] reads the small JSON files eagerly and memory-maps the
 //! safetensors files; tensors are handed out through
-//! [`TensorSource`](crate::weights::TensorSource) as borrowed views of the
+//! [`TensorSource`] as borrowed views of the
 //! mapping (F32, F16 and BF16 only).
 
 mod meta;

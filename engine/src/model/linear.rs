@@ -11,7 +11,8 @@
 use crate::error::{EngineError, Result};
 use crate::gguf::types::GgmlType;
 use crate::quant::dequant::dequantize;
-use crate::quant::dot::{dot_kernel, quantize_row_q8, DotFn, Q8Block, QK};
+use crate::quant::dot::{dot_kernels, quantize_row_q8, DotKernels, Q8Block, QK};
+use crate::quant::gemm::{gemm_kernel, interleave, GemmFn, Q8Group, GROUP};
 use super::SendPtr;
 use crate::simd;
 use crate::weights::TensorView;
@@ -29,7 +30,7 @@ pub enum MatmulPrecision {
 
 enum WeightData {
     F32(Vec<f32>),
-    Blocks { dtype: GgmlType, bytes: Vec<u8>, row_bytes: usize, kernel: Option<DotFn> },
+    Blocks { dtype: GgmlType, bytes: Vec<u8>, row_bytes: usize, kernels: Option<DotKernels>, gemm: Option<GemmFn> },
 }
 
 /// A `[rows, cols]` weight matrix (`y = x · Wᵀ`), optionally with a bias.
@@ -60,6 +61,12 @@ impl Linear {
         t.expect_shape(&[rows, cols])?;
         let data = match t.dtype {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => WeightData::F32(tensor_to_f32(t)?),
+            GgmlType::Q8_1 => {
+                return Err(EngineError::UnsupportedDtype(format!(
+                    "Q8_1 weight `{}` (an activation-only type)",
+                    t.name
+                )))
+            }
             dtype => {
                 if cols % dtype.block_size() != 0 {
                     return Err(EngineError::UnsupportedDtype(format!(
@@ -71,8 +78,9 @@ impl Linear {
                 if t.data.len() != row_bytes * rows {
                     return Err(EngineError::InvalidGguf(format!("tensor `{}` has the wrong byte size", t.name)));
                 }
-                let kernel = if cols % QK == 0 { dot_kernel(dtype) } else { None };
-                WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernel }
+                let kernels = if cols % QK == 0 { dot_kernels(dtype) } else { None };
+                let gemm = if cols % QK == 0 { gemm_kernel(dtype) } else { None };
+                WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernels, gemm }
             }
         };
         Ok(Self { rows, cols, data, bias: None })
@@ -131,67 +139,73 @@ impl Linear {
 
     /// `out[t, r] = Σ_c x[t, c] · W[r, c] (+ bias[r])` for `n` rows of `x`.
     pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], precision: MatmulPrecision) -> Result<()> {
-        if x.len() < n * self.cols || out.len() < n * self.rows {
-            return Err(EngineError::InvalidBatch("matmul buffer too small".into()));
-        }
-        let out_ptr = SendPtr(out.as_mut_ptr());
-        let chunk = row_chunk(self.rows);
-        let chunks = self.rows.div_ceil(chunk);
-        let rows = self.rows;
-        let write = |r: usize, t: usize, v: f32| {
-            // SAFETY: r < rows and t < n, so the index is inside `out`; each (t, r)
-            // is written by exactly one task because tasks own disjoint row ranges.
-            unsafe { *out_ptr.get().add(t * rows + r) = v }
-        };
+        matmul_many(&mut [MatmulJob { layer: self, out }], x, n, precision)
+    }
+
+    fn fast_kernels(&self, precision: MatmulPrecision) -> Option<DotKernels> {
         match &self.data {
-            WeightData::F32(w) => (0..chunks).into_par_iter().for_each(|c| {
-                for r in c * chunk..((c + 1) * chunk).min(rows) {
-                    let wr = &w[r * self.cols..(r + 1) * self.cols];
-                    for t in 0..n {
-                        write(r, t, simd::dot(wr, &x[t * self.cols..(t + 1) * self.cols]));
-                    }
-                }
-            }),
-            WeightData::Blocks { kernel: Some(kernel), bytes, row_bytes, .. }
-                if precision == MatmulPrecision::Fast =>
+            WeightData::Blocks { kernels: Some(k), .. } if precision == MatmulPrecision::Fast => Some(*k),
+            _ => None,
+        }
+    }
+
+    /// Compute output rows `rows` for all `n` tokens, writing through `write(r, t, v)`.
+    fn compute_rows(
+        &self,
+        rows: std::ops::Range<usize>,
+        x: &[f32],
+        xq: &QuantizedInput,
+        n: usize,
+        precision: MatmulPrecision,
+        write: &dyn Fn(usize, usize, f32),
+    ) -> Result<()> {
+        let cols = self.cols;
+        match &self.data {
+            WeightData::Blocks { bytes, row_bytes, gemm: Some(gemm), .. }
+                if precision == MatmulPrecision::Fast && !xq.groups.is_empty() =>
             {
-                let nb = self.cols / QK;
-                let mut xq = vec![Q8Block::default(); n * nb];
-                for t in 0..n {
-                    quantize_row_q8(&x[t * self.cols..(t + 1) * self.cols], &mut xq[t * nb..(t + 1) * nb]);
-                }
-                (0..chunks).into_par_iter().for_each(|c| {
-                    for r in c * chunk..((c + 1) * chunk).min(rows) {
-                        let wr = &bytes[r * row_bytes..(r + 1) * row_bytes];
-                        for t in 0..n {
-                            write(r, t, kernel(wr, &xq[t * nb..(t + 1) * nb]));
+                let nb = cols / QK;
+                for r in rows {
+                    let wr = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                    for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
+                        let out = gemm(wr, xg);
+                        for (lane, v) in out.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
+                            write(r, g * GROUP + lane, *v);
                         }
                     }
-                })
+                }
+            }
+            WeightData::F32(w) => {
+                for r in rows {
+                    let wr = &w[r * cols..(r + 1) * cols];
+                    for t in 0..n {
+                        write(r, t, simd::dot(wr, &x[t * cols..(t + 1) * cols]));
+                    }
+                }
+            }
+            WeightData::Blocks { bytes, row_bytes, kernels: Some(k), .. } if precision == MatmulPrecision::Fast => {
+                let nb = cols / QK;
+                for r in rows {
+                    let wr = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                    let mut t = 0;
+                    while t + 4 <= n {
+                        for (j, v) in (k.four)(wr, &xq.rows[t * nb..(t + 4) * nb], nb).into_iter().enumerate() {
+                            write(r, t + j, v);
+                        }
+                        t += 4;
+                    }
+                    for t in t..n {
+                        write(r, t, (k.one)(wr, &xq.rows[t * nb..(t + 1) * nb]));
+                    }
+                }
             }
             WeightData::Blocks { dtype, bytes, row_bytes, .. } => {
-                let failed = std::sync::atomic::AtomicBool::new(false);
-                (0..chunks).into_par_iter().for_each(|c| {
-                    let mut row = vec![0f32; self.cols];
-                    for r in c * chunk..((c + 1) * chunk).min(rows) {
-                        if dequantize(*dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], &mut row).is_err() {
-                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                            return;
-                        }
-                        for t in 0..n {
-                            write(r, t, simd::dot(&row, &x[t * self.cols..(t + 1) * self.cols]));
-                        }
+                let mut row = vec![0f32; cols];
+                for r in rows {
+                    dequantize(*dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], &mut row)?;
+                    for t in 0..n {
+                        write(r, t, simd::dot(&row, &x[t * cols..(t + 1) * cols]));
                     }
-                });
-                if failed.into_inner() {
-                    return Err(EngineError::UnsupportedDtype(format!("{dtype:?} rows could not be dequantized")));
-                }
-            }
-        }
-        if let Some(bias) = &self.bias {
-            for t in 0..n {
-                for (o, b) in out[t * rows..(t + 1) * rows].iter_mut().zip(bias) {
-                    *o += b;
                 }
             }
         }
@@ -199,9 +213,85 @@ impl Linear {
     }
 }
 
+/// The input of a fast matmul: 8-bit rows, and for prefill-sized batches the
+/// same values interleaved 8 tokens at a time for the grouped kernel.
+struct QuantizedInput {
+    rows: Vec<Q8Block>,
+    groups: Vec<Q8Group>,
+}
+
+/// Batches at least this large use the grouped (token-lane) kernel.
+const GROUPED_MIN_TOKENS: usize = 6;
+
+impl QuantizedInput {
+    fn new(x: &[f32], n: usize, cols: usize) -> Self {
+        let nb = cols / QK;
+        let mut rows = vec![Q8Block::default(); n * nb];
+        for t in 0..n {
+            quantize_row_q8(&x[t * cols..(t + 1) * cols], &mut rows[t * nb..(t + 1) * nb]);
+        }
+        let groups = if n >= GROUPED_MIN_TOKENS { interleave(&rows, n, nb) } else { Vec::new() };
+        Self { rows, groups }
+    }
+}
+
+/// One layer's part of a fused matmul: its weights and its output buffer.
+pub struct MatmulJob<'a> {
+    /// The layer.
+    pub layer: &'a Linear,
+    /// `[n, layer.rows()]` output.
+    pub out: &'a mut [f32],
+}
+
+/// Several layers that read the same input (q/k/v, gate/up) in one parallel
+/// region: the input is quantized once and all rows share one task list.
+pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: MatmulPrecision) -> Result<()> {
+    let Some(cols) = jobs.first().map(|j| j.layer.cols) else { return Ok(()) };
+    for j in jobs.iter() {
+        if j.layer.cols != cols || x.len() < n * cols || j.out.len() < n * j.layer.rows {
+            return Err(EngineError::InvalidBatch("matmul shapes or buffers do not match".into()));
+        }
+    }
+    let xq = if jobs.iter().any(|j| j.layer.fast_kernels(precision).is_some()) && cols % QK == 0 {
+        QuantizedInput::new(x, n, cols)
+    } else {
+        QuantizedInput { rows: Vec::new(), groups: Vec::new() }
+    };
+    let outs: Vec<SendPtr> = jobs.iter_mut().map(|j| SendPtr(j.out.as_mut_ptr())).collect();
+    let total_rows: usize = jobs.iter().map(|j| j.layer.rows).sum();
+    let chunk = row_chunk(total_rows);
+    let tasks: Vec<(usize, usize)> = jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, j)| (0..j.layer.rows).step_by(chunk).map(move |r| (i, r)))
+        .collect();
+    let layers: Vec<&Linear> = jobs.iter().map(|j| j.layer).collect();
+    tasks.par_iter().try_for_each(|&(i, start)| {
+        let layer = layers[i];
+        let rows = layer.rows;
+        let out = outs[i];
+        let write = |r: usize, t: usize, v: f32| {
+            // SAFETY: r < rows and t < n index inside job i's output (checked above);
+            // each (job, row) belongs to exactly one task, so writes never overlap.
+            unsafe { *out.get().add(t * rows + r) = v }
+        };
+        layer.compute_rows(start..(start + chunk).min(rows), x, &xq, n, precision, &write)
+    })?;
+    for job in jobs.iter_mut() {
+        if let Some(bias) = &job.layer.bias {
+            for row in job.out[..n * job.layer.rows].chunks_exact_mut(job.layer.rows) {
+                for (o, b) in row.iter_mut().zip(bias) {
+                    *o += b;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn row_chunk(rows: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
-    (rows / (threads * 8)).clamp(4, 64)
+    (rows / (threads * 4)).clamp(4, 256)
 }
 
 

@@ -1,7 +1,7 @@
 //! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3).
 
 use super::attention::{paged_attention, HeadShape, SeqSpan};
-use super::linear::{tensor_to_f32, Linear, MatmulPrecision};
+use super::linear::{matmul_many, tensor_to_f32, Linear, MatmulJob, MatmulPrecision};
 use super::ops::{add_in_place, rms_norm, rms_norm_into, silu_mul, Rope};
 use crate::batch::{ForwardBatch, LogitsRequest};
 use crate::config::{ArchFamily, ModelConfig};
@@ -265,9 +265,12 @@ impl LlamaModel {
         let c = &self.config;
         let p = self.precision;
         rms_norm_into(&s.x, &layer.attn_norm, c.rms_norm_eps, &mut s.h);
-        layer.wq.forward(&s.h, n, &mut s.q, p)?;
-        layer.wk.forward(&s.h, n, &mut s.k, p)?;
-        layer.wv.forward(&s.h, n, &mut s.v, p)?;
+        let mut qkv = [
+            MatmulJob { layer: &layer.wq, out: &mut s.q },
+            MatmulJob { layer: &layer.wk, out: &mut s.k },
+            MatmulJob { layer: &layer.wv, out: &mut s.v },
+        ];
+        matmul_many(&mut qkv, &s.h, n, p)?;
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             rms_norm(&mut s.q, qn, c.rms_norm_eps);
             rms_norm(&mut s.k, kn, c.rms_norm_eps);
@@ -292,8 +295,9 @@ impl LlamaModel {
     fn mlp_block(&self, layer: &Layer, s: &mut Scratch, n: usize) -> Result<()> {
         let p = self.precision;
         rms_norm_into(&s.x, &layer.ffn_norm, self.config.rms_norm_eps, &mut s.h);
-        layer.gate.forward(&s.h, n, &mut s.gate, p)?;
-        layer.up.forward(&s.h, n, &mut s.up, p)?;
+        let mut gate_up =
+            [MatmulJob { layer: &layer.gate, out: &mut s.gate }, MatmulJob { layer: &layer.up, out: &mut s.up }];
+        matmul_many(&mut gate_up, &s.h, n, p)?;
         silu_mul(&mut s.gate, &s.up);
         layer.down.forward(&s.gate, n, &mut s.o, p)?;
         add_in_place(&mut s.x, &s.o);
@@ -322,8 +326,7 @@ impl LlamaModel {
         let rows = hidden.len() / h;
         let mut logits = vec![0f32; rows * vocab];
         if rows > 0 {
-            let hp = if std::env::var_os("XHEAD").is_some() { MatmulPrecision::Exact } else { self.precision };
-            head.forward(&hidden, rows, &mut logits, hp)?;
+            head.forward(&hidden, rows, &mut logits, self.precision)?;
         }
         let mut out = Vec::with_capacity(spans.len());
         let mut at = 0;

@@ -21,6 +21,8 @@ pub struct Q8Block {
     /// `d * Σq` (used by Q4_0 / Q4_1 offsets; the quantized sum, not the exact
     /// one, so its rounding error cancels against the product term's).
     pub s: f32,
+    /// Σq (used by Q4_0's and Q8_0's offsets in the grouped kernels).
+    pub qsum: i32,
     /// The quantized values.
     pub qs: [i8; QK],
 }
@@ -39,11 +41,45 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
         }
         block.d = d;
         block.s = d * sum as f32;
+        block.qsum = sum;
     }
 }
 
 /// A dot product of one weight row (raw GGUF block bytes) with quantized activations.
 pub type DotFn = fn(&[u8], &[Q8Block]) -> f32;
+
+/// Dot products of one weight row with 4 token rows of quantized activations
+/// laid out `stride` blocks apart (`x[j * stride..]` is token j); the weight
+/// blocks are unpacked once for all four.
+pub type Dot4Fn = fn(&[u8], &[Q8Block], usize) -> [f32; 4];
+
+/// Integer kernels for one weight type: single-row and 4-token.
+#[derive(Clone, Copy)]
+pub struct DotKernels {
+    /// One weight row · one token.
+    pub one: DotFn,
+    /// One weight row · four tokens.
+    pub four: Dot4Fn,
+}
+
+/// The fastest kernels for a weight type, or `None` (see [`dot_kernel`]).
+pub fn dot_kernels(dtype: GgmlType) -> Option<DotKernels> {
+    let avx2 = has_avx2();
+    let one = dot_kernel(dtype)?;
+    let four: Dot4Fn = match (dtype, avx2) {
+        (GgmlType::Q4_0, true) => avx2::dot4_q4_0,
+        (GgmlType::Q4_1, true) => avx2::dot4_q4_1,
+        (GgmlType::Q8_0, true) => avx2::dot4_q8_0,
+        (GgmlType::Q4_0, false) => |w, x, s| scalar_four(scalar::dot_q4_0, w, x, s),
+        (GgmlType::Q4_1, false) => |w, x, s| scalar_four(scalar::dot_q4_1, w, x, s),
+        _ => |w, x, s| scalar_four(scalar::dot_q8_0, w, x, s),
+    };
+    Some(DotKernels { one, four })
+}
+
+fn scalar_four(one: DotFn, w: &[u8], x: &[Q8Block], stride: usize) -> [f32; 4] {
+    std::array::from_fn(|j| one(w, &x[j * stride..(j + 1) * stride]))
+}
 
 /// The fastest available dot kernel for a weight type, or `None` when the
 /// type has no integer kernel (the caller then dequantizes rows instead).
@@ -85,51 +121,45 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
 }
 
 /// Portable reference kernels.
+///
+/// Every kernel (these, the AVX2 ones below and the grouped prefill kernels in
+/// `gemm`) computes per block the exact integer `Σ u·q − o·Σq` and folds it as
+/// `acc = fma(d_w·d_x, isum, acc)` then, for Q4_1, `acc = fma(s_x, m_w, acc)`:
+/// the same IEEE operations in the same order, so a token's result is
+/// bit-identical whichever kernel (batch size) computed it.
 mod scalar {
     use super::{f16_at, Q8Block};
 
+    fn nibble_dot(q: &[u8], xb: &Q8Block) -> i32 {
+        (0..16).map(|j| (q[j] & 0x0F) as i32 * xb.qs[j] as i32 + (q[j] >> 4) as i32 * xb.qs[j + 16] as i32).sum()
+    }
+
     pub fn dot_q4_0(w: &[u8], x: &[Q8Block]) -> f32 {
-        let mut sum = 0f32;
+        let mut acc = 0f32;
         for (wb, xb) in w.chunks_exact(18).zip(x) {
-            let d = f16_at(wb, 0);
-            let mut isum = 0i32;
-            for j in 0..16 {
-                let byte = wb[2 + j];
-                isum += (byte & 0x0F) as i32 * xb.qs[j] as i32;
-                isum += (byte >> 4) as i32 * xb.qs[j + 16] as i32;
-            }
-            sum += d * (xb.d * isum as f32 - 8.0 * xb.s);
+            let isum = nibble_dot(&wb[2..18], xb) - 8 * xb.qsum;
+            acc = (xb.d * f16_at(wb, 0)).mul_add(isum as f32, acc);
         }
-        sum
+        acc
     }
 
     pub fn dot_q4_1(w: &[u8], x: &[Q8Block]) -> f32 {
-        let mut sum = 0f32;
+        let mut acc = 0f32;
         for (wb, xb) in w.chunks_exact(20).zip(x) {
-            let d = f16_at(wb, 0);
-            let m = f16_at(wb, 2);
-            let mut isum = 0i32;
-            for j in 0..16 {
-                let byte = wb[4 + j];
-                isum += (byte & 0x0F) as i32 * xb.qs[j] as i32;
-                isum += (byte >> 4) as i32 * xb.qs[j + 16] as i32;
-            }
-            sum += d * xb.d * isum as f32 + m * xb.s;
+            let isum = nibble_dot(&wb[4..20], xb);
+            acc = (xb.d * f16_at(wb, 0)).mul_add(isum as f32, acc);
+            acc = xb.s.mul_add(f16_at(wb, 2), acc);
         }
-        sum
+        acc
     }
 
     pub fn dot_q8_0(w: &[u8], x: &[Q8Block]) -> f32 {
-        let mut sum = 0f32;
+        let mut acc = 0f32;
         for (wb, xb) in w.chunks_exact(34).zip(x) {
-            let d = f16_at(wb, 0);
-            let mut isum = 0i32;
-            for j in 0..32 {
-                isum += (wb[2 + j] as i8) as i32 * xb.qs[j] as i32;
-            }
-            sum += d * xb.d * isum as f32;
+            let isum: i32 = (0..32).map(|j| (wb[2 + j] as i8) as i32 * xb.qs[j] as i32).sum();
+            acc = (xb.d * f16_at(wb, 0)).mul_add(isum as f32, acc);
         }
-        sum
+        acc
     }
 }
 
@@ -139,23 +169,42 @@ mod avx2 {
     use super::Q8Block;
     use std::arch::x86_64::*;
 
-    pub fn dot_q4_0(w: &[u8], x: &[Q8Block]) -> f32 {
-        let n = x.len().min(w.len() / 18);
-        // SAFETY: only selected when avx2/fma/f16c were detected; `n` bounds every block read.
-        unsafe { q4_0(w.as_ptr(), x.as_ptr(), n) }
+    #[derive(Clone, Copy, PartialEq)]
+    enum Kind {
+        Q4_0,
+        Q4_1,
+        Q8_0,
     }
 
-    pub fn dot_q4_1(w: &[u8], x: &[Q8Block]) -> f32 {
-        let n = x.len().min(w.len() / 20);
-        // SAFETY: as above.
-        unsafe { q4_1(w.as_ptr(), x.as_ptr(), n) }
+    impl Kind {
+        const fn bytes(self) -> usize {
+            match self {
+                Self::Q4_0 => 18,
+                Self::Q4_1 => 20,
+                Self::Q8_0 => 34,
+            }
+        }
     }
 
-    pub fn dot_q8_0(w: &[u8], x: &[Q8Block]) -> f32 {
-        let n = x.len().min(w.len() / 34);
-        // SAFETY: as above.
-        unsafe { q8_0(w.as_ptr(), x.as_ptr(), n) }
+    macro_rules! entries {
+        ($one:ident, $four:ident, $kind:expr) => {
+            pub fn $one(w: &[u8], x: &[Q8Block]) -> f32 {
+                let n = x.len().min(w.len() / $kind.bytes());
+                // SAFETY: selected only when avx2/fma/f16c were detected; n bounds every block read.
+                unsafe { rows::<1>(w.as_ptr(), x.as_ptr(), 0, n, $kind)[0] }
+            }
+
+            pub fn $four(w: &[u8], x: &[Q8Block], stride: usize) -> [f32; 4] {
+                let n = stride.min(w.len() / $kind.bytes());
+                assert!(x.len() >= 3 * stride + n, "dot4: activation rows too short");
+                // SAFETY: as above; 4 rows of >= n blocks at `stride` in x.
+                unsafe { rows::<4>(w.as_ptr(), x.as_ptr(), stride, n, $kind) }
+            }
+        };
     }
+    entries!(dot_q4_0, dot4_q4_0, Kind::Q4_0);
+    entries!(dot_q4_1, dot4_q4_1, Kind::Q4_1);
+    entries!(dot_q8_0, dot4_q8_0, Kind::Q8_0);
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -167,13 +216,11 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
     }
 
     /// 16 packed nibble bytes -> 32 unsigned bytes (low nibbles first).
@@ -188,78 +235,56 @@ mod avx2 {
         _mm256_set_m128i(hi, lo)
     }
 
-    /// Sum over 32 lanes of unsigned(a) * signed(b), as 8 f32 partial sums.
-    #[inline]
+    /// One weight row against `R` token rows `stride` blocks apart.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mul_sum_us8(a: __m256i, b: __m256i) -> __m256 {
-        let p16 = _mm256_maddubs_epi16(a, b);
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4_1(w: *const u8, x: *const Q8Block, n: usize) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut offs = 0f32;
+    unsafe fn rows<const R: usize>(w: *const u8, x: *const Q8Block, stride: usize, n: usize, kind: Kind) -> [f32; R] {
+        let mut acc = [0f32; R];
+        let ones = _mm256_set1_epi16(1);
         for b in 0..n {
-            // SAFETY: b < n blocks of 20 bytes in w and n Q8Blocks in x.
+            // SAFETY: b < n blocks of w; x rows j*stride + b are in bounds (callers check).
             unsafe {
-                let wb = w.add(b * 20);
-                let xb = &*x.add(b);
-                let q4 = unpack_nibbles(wb.add(4));
-                let q8 = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-                let scale = _mm256_set1_ps(half(wb) * xb.d);
-                acc = _mm256_fmadd_ps(scale, mul_sum_us8(q4, q8), acc);
-                offs += half(wb.add(2)) * xb.s;
-            }
-        }
-        // SAFETY: features enabled on this function.
-        unsafe { hsum(acc) + offs }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4_0(w: *const u8, x: *const Q8Block, n: usize) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut offs = 0f32;
-        for b in 0..n {
-            // SAFETY: b < n blocks of 18 bytes in w and n Q8Blocks in x.
-            unsafe {
-                let wb = w.add(b * 18);
-                let xb = &*x.add(b);
+                let wb = w.add(b * kind.bytes());
                 let d = half(wb);
-                let q4 = unpack_nibbles(wb.add(2));
-                let q8 = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), mul_sum_us8(q4, q8), acc);
-                offs += d * xb.s;
+                let (u, m) = match kind {
+                    Kind::Q4_1 => (unpack_nibbles(wb.add(4)), half(wb.add(2))),
+                    Kind::Q4_0 => (unpack_nibbles(wb.add(2)), 0.0),
+                    Kind::Q8_0 => (_mm256_loadu_si256(wb.add(2) as *const __m256i), 0.0),
+                };
+                let uw = if kind == Kind::Q8_0 { _mm256_sign_epi8(u, u) } else { u };
+                for j in 0..R {
+                    let xb = &*x.add(j * stride + b);
+                    let mut q8 = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                    if kind == Kind::Q8_0 {
+                        q8 = _mm256_sign_epi8(q8, u);
+                    }
+                    let mut isum = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(uw, q8), ones));
+                    if kind == Kind::Q4_0 {
+                        isum -= 8 * xb.qsum;
+                    }
+                    acc[j] = (xb.d * d).mul_add(isum as f32, acc[j]);
+                    if kind == Kind::Q4_1 {
+                        acc[j] = xb.s.mul_add(m, acc[j]);
+                    }
+                }
             }
         }
-        // SAFETY: features enabled on this function.
-        unsafe { hsum(acc) - 8.0 * offs }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q8_0(w: *const u8, x: *const Q8Block, n: usize) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for b in 0..n {
-            // SAFETY: b < n blocks of 34 bytes in w and n Q8Blocks in x.
-            unsafe {
-                let wb = w.add(b * 34);
-                let xb = &*x.add(b);
-                let qw = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-                let qx = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-                let abs_w = _mm256_sign_epi8(qw, qw);
-                let signed_x = _mm256_sign_epi8(qx, qw);
-                let scale = _mm256_set1_ps(half(wb) * xb.d);
-                acc = _mm256_fmadd_ps(scale, mul_sum_us8(abs_w, signed_x), acc);
-            }
-        }
-        // SAFETY: features enabled on this function.
-        unsafe { hsum(acc) }
+        acc
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 mod avx2 {
     pub use super::scalar::{dot_q4_0, dot_q4_1, dot_q8_0};
+    use super::{scalar, scalar_four, Q8Block};
+    pub fn dot4_q4_0(w: &[u8], x: &[Q8Block], s: usize) -> [f32; 4] {
+        scalar_four(scalar::dot_q4_0, w, x, s)
+    }
+    pub fn dot4_q4_1(w: &[u8], x: &[Q8Block], s: usize) -> [f32; 4] {
+        scalar_four(scalar::dot_q4_1, w, x, s)
+    }
+    pub fn dot4_q8_0(w: &[u8], x: &[Q8Block], s: usize) -> [f32; 4] {
+        scalar_four(scalar::dot_q8_0, w, x, s)
+    }
 }
 
 #[cfg(test)]
@@ -332,9 +357,28 @@ mod tests {
             let fast = dot_kernel(dtype).map(|k| k(&w, &xq));
             let slow = scalar_dot_kernel(dtype).map(|k| k(&w, &xq));
             let (Some(fast), Some(slow)) = (fast, slow) else { panic!("no kernel for {dtype:?}") };
-            assert!((fast - slow).abs() <= 1e-3 * slow.abs().max(1.0), "{dtype:?}: {fast} vs {slow}");
+            assert_eq!(fast.to_bits(), slow.to_bits(), "{dtype:?}: SIMD {fast} vs scalar {slow} must be bit-identical");
             // 8-bit activations: the error is a small fraction of the summed magnitudes.
             assert!((slow - exact).abs() <= 1e-2 * magnitude, "{dtype:?}: {slow} vs {exact} (magnitude {magnitude})");
+        }
+    }
+
+    #[test]
+    fn four_token_kernels_match_single_token_kernels() {
+        let mut seed = 11u64;
+        let n = 256;
+        let x: Vec<f32> = (0..4 * n).map(|_| (lcg(&mut seed) % 2000) as f32 / 500.0 - 2.0).collect();
+        let mut xq = vec![Q8Block::default(); 4 * n / QK];
+        quantize_row_q8(&x, &mut xq);
+        let nb = n / QK;
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let w = random_blocks(dtype, nb, &mut seed);
+            let k = dot_kernels(dtype).expect("kernels");
+            let four = (k.four)(&w, &xq, nb);
+            for (j, got) in four.iter().enumerate() {
+                let one = (k.one)(&w, &xq[j * nb..(j + 1) * nb]);
+                assert_eq!(got.to_bits(), one.to_bits(), "{dtype:?} token {j}: {got} vs {one}");
+            }
         }
     }
 

@@ -2,5 +2,6 @@
 
 pub mod dequant;
 pub mod dot;
+pub mod gemm;
 
 pub use dequant::{dequantize, dequantize_row, dequantize_tensor, dequantize_to_vec};

@@ -13,14 +13,14 @@ pub(super) fn fast_exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.max(-87.0).min(88.0);
+    let xc = x.clamp(-87.0, 88.0);
     let shifted = xc * LOG2E + ROUND;
     let n = shifted - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let e = p * r * r + r + 1.0;
     // The low mantissa bits of `shifted` hold n (as an offset integer).
     let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
@@ -144,51 +144,5 @@ mod tests {
         l[35] = f32::NAN;
         assert_eq!(sanitize_argmax(&mut l), (4, 4.0));
         assert_eq!((l[3], l[35]), (f32::NEG_INFINITY, f32::NEG_INFINITY));
-    }
-}
-
-#[cfg(test)]
-mod zz_bench_tmp {
-    use super::*;
-    #[test]
-    fn zz_bench_math() {
-        let logits: Vec<f32> = (0..49_152)
-            .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
-            .collect();
-        let mut buf = logits.clone();
-        let mut out = vec![0.0; logits.len()];
-        let n = 200;
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            buf.copy_from_slice(&logits);
-            std::hint::black_box(&buf);
-        }
-        eprintln!("copy {:?}", t.elapsed() / n);
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            buf.copy_from_slice(&logits);
-            std::hint::black_box(sanitize_argmax(&mut buf));
-        }
-        eprintln!("copy+sanitize {:?}", t.elapsed() / n);
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(exp_sum(&logits, 5.0, 1.0, &mut out));
-        }
-        eprintln!("sum_exp {:?}", t.elapsed() / n);
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(exp_sum(&logits, 5.0, 1.25, &mut out));
-        }
-        eprintln!("sum_exp out {:?}", t.elapsed() / n);
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(
-                logits
-                    .iter()
-                    .map(|&l| f64::from((l - 5.0).exp()))
-                    .sum::<f64>(),
-            );
-        }
-        eprintln!("std exp {:?}", t.elapsed() / n);
     }
 }

@@ -201,6 +201,13 @@ impl Sampler {
         self.seed
     }
 
+    /// Restart the random stream from `seed`, keeping the scratch buffers
+    /// (e.g. to key the stream by step while reusing one sampler).
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+        self.rng = Rng::new(seed);
+    }
+
     /// Choose the next token.
     ///
     /// `logits` holds one value per vocabulary entry and is modified in place
@@ -248,10 +255,14 @@ impl Sampler {
     /// Apply the repetition, presence and frequency penalties in place.
     fn apply_penalties(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
         let vocab = logits.len();
+        let rp = self.params.repetition_penalty;
+        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
+        if rp == 1.0 && presence == 0.0 && frequency == 0.0 {
+            return;
+        }
         if self.counts.len() < vocab {
             self.counts.resize(vocab, 0);
         }
-        let rp = self.params.repetition_penalty;
         if rp != 1.0 {
             for &t in prompt.iter().chain(output) {
                 let i = t as usize;
@@ -264,7 +275,6 @@ impl Sampler {
             }
             self.reset_counts();
         }
-        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
         if presence != 0.0 || frequency != 0.0 {
             for &t in output {
                 let i = t as usize;
@@ -303,11 +313,10 @@ impl Sampler {
             ..
         } = self;
         let probs = &probs[..n];
-        let top_k = if p.top_k > 0 && p.top_k < n {
-            p.top_k
-        } else {
-            0
-        };
+        let top_k = if p.top_k < n { p.top_k } else { 0 };
+        if top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0 {
+            return draw_from(probs.iter().copied().zip(0..), total, rng);
+        }
         // min-p keeps a prefix of the descending order, as top-k does, so it
         // can be applied first; not so when top-p must measure the top-k mass.
         let early_min_p = if p.top_p >= 1.0 { p.min_p } else { 0.0 };
@@ -316,20 +325,13 @@ impl Sampler {
         } else {
             // Without top-k, tokens under `floor` hold at most half of the
             // 1 - top_p mass top-p drops, so they cannot be in the nucleus.
-            let floor = if top_k == 0 && p.top_p < 1.0 {
-                (0.5 * (1.0 - f64::from(p.top_p)) * total / n as f64) as f32
-            } else {
-                0.0
-            };
-            let floor = floor.max(early_min_p).max(f32::MIN_POSITIVE);
+            let mut floor = early_min_p.max(f32::MIN_POSITIVE);
+            if top_k == 0 && p.top_p < 1.0 {
+                floor = floor.max((0.5 * (1.0 - f64::from(p.top_p)) * total / n as f64) as f32);
+            }
             cand.clear();
-            cand.extend(
-                probs
-                    .iter()
-                    .enumerate()
-                    .filter(|c| *c.1 >= floor)
-                    .map(|(i, &w)| (w, i as u32)),
-            );
+            let kept = probs.iter().zip(0..).filter(|c| *c.0 >= floor);
+            cand.extend(kept.map(|(&w, i)| (w, i)));
             if top_k > 0 && top_k < cand.len() {
                 cand.select_nth_unstable_by(top_k - 1, select::desc);
                 cand.truncate(top_k);
@@ -342,16 +344,7 @@ impl Sampler {
         if p.min_p > early_min_p {
             cand.retain(|c| c.0 >= p.min_p);
         }
-        let target = rng.next_f64() * mass(cand);
-        let mut acc = 0.0;
-        for &(w, tok) in cand.iter() {
-            acc += f64::from(w);
-            if target < acc {
-                return Some(tok);
-            }
-        }
-        // Rounding left `target` past the last bucket: take the last candidate.
-        cand.last().map(|c| c.1)
+        draw_from(cand.iter().copied(), mass(cand), rng)
     }
 
     /// The `top_logprobs` most likely tokens of `logits`, normalised by `log_z`.
@@ -364,4 +357,23 @@ impl Sampler {
         self.cand.sort_unstable_by(select::desc);
         self.cand.iter().map(|&(l, tok)| (tok, l - log_z)).collect()
     }
+}
+
+/// Draw from `(weight, token)` pairs whose weights sum to about `total`.
+/// Rounding that leaves the target past the end picks the last token with a
+/// non-zero weight; `None` if there is none.
+fn draw_from(items: impl Iterator<Item = (f32, u32)>, total: f64, rng: &mut Rng) -> Option<u32> {
+    let target = rng.next_f64() * total;
+    let mut acc = 0.0;
+    let mut last = None;
+    for (w, tok) in items {
+        if w > 0.0 {
+            acc += f64::from(w);
+            last = Some(tok);
+            if target < acc {
+                break;
+            }
+        }
+    }
+    last
 }

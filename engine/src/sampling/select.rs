@@ -97,3 +97,83 @@ pub(super) fn truncate_top_p(cand: &mut Vec<(f32, u32)>, target: f64) {
     }
     cand.truncate(hi.max(1)); // rounding: the whole undecided range is in
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::Rng;
+
+    fn random_values(n: usize, seed: u64, distinct: u64) -> Vec<f32> {
+        let mut r = Rng::new(seed);
+        (0..n)
+            .map(|_| (r.next_u64() % distinct) as f32 - distinct as f32 / 2.0)
+            .collect()
+    }
+
+    fn sorted_pairs(values: &[f32]) -> Vec<(f32, u32)> {
+        let mut all: Vec<(f32, u32)> = values.iter().copied().zip(0..).collect();
+        all.sort_by(desc);
+        all
+    }
+
+    #[test]
+    fn key_preserves_order() {
+        let xs = [f32::NEG_INFINITY, -3.5, -0.0, 0.0, 1e-30, 2.0, f32::MAX];
+        for w in xs.windows(2) {
+            assert!(key(w[0]) <= key(w[1]), "{w:?}");
+        }
+        assert!(key(-1.0) < key(1.0));
+    }
+
+    #[test]
+    fn heap_top_k_matches_sorting() {
+        for (seed, k) in [(1, 1), (2, 5), (3, 40), (4, 300), (5, 1000)] {
+            // Few distinct values: plenty of ties, which must go to the lower id.
+            let values = random_values(1000, seed, 50);
+            let mut heap = TopKHeap::new();
+            let mut out = Vec::new();
+            top_k_into(&values, k, f32::NEG_INFINITY, &mut heap, &mut out);
+            out.sort_by(desc);
+            assert_eq!(
+                out,
+                sorted_pairs(&values)[..k.min(1000)].to_vec(),
+                "k = {k}"
+            );
+        }
+        let mut heap = TopKHeap::new();
+        let mut out = Vec::new();
+        top_k_into(&[1.0, 5.0, 3.0], 3, 2.0, &mut heap, &mut out);
+        out.sort_by(desc);
+        assert_eq!(out, vec![(5.0, 1), (3.0, 2)]);
+    }
+
+    #[test]
+    fn top_p_cut_matches_a_full_sort() {
+        for (seed, n, p) in [
+            (1, 50, 0.5),
+            (2, 1000, 0.9),
+            (3, 5000, 0.3),
+            (4, 5000, 0.999),
+        ] {
+            let values: Vec<f32> = random_values(n, seed, 1000)
+                .iter()
+                .map(|v| (v / 100.0).exp())
+                .collect();
+            let sorted = sorted_pairs(&values);
+            let target = p * mass(&sorted);
+            let mut acc = 0.0;
+            let expect = sorted
+                .iter()
+                .position(|c| {
+                    acc += f64::from(c.0);
+                    acc >= target
+                })
+                .map_or(n, |i| i + 1);
+            let mut cand: Vec<(f32, u32)> = values.iter().copied().zip(0..).collect();
+            truncate_top_p(&mut cand, target);
+            cand.sort_by(desc);
+            assert_eq!(cand.len(), expect, "seed {seed}");
+            assert_eq!(cand, sorted[..expect].to_vec());
+        }
+    }
+}

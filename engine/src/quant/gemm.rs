@@ -1,0 +1,313 @@
+//! Prefill GEMM for 4/8-bit weight blocks: 8 tokens per SIMD register lane.
+//!
+//! The decode kernels in [`super::dot`] put the 32 elements of one block in a
+//! register's lanes, so every (row, token, block) needs its own horizontal
+//! reduction and scale. For prefill this kernel turns it around: activations
+//! of 8 tokens are interleaved ([`Q8Group`]) so each i32 lane accumulates one
+//! token; 4 weight bytes are broadcast and multiplied with 4 bytes of each of
+//! the 8 tokens in one `vpdpbusd` (AVX-512 VNNI) or `vpmaddubsw`+`vpmaddwd`
+//! (AVX2). Scales then apply once per block to 8 tokens at once.
+//!
+//! Weights are read as unsigned bytes `u` with a per-format offset `o`
+//! (Q4_1: value = d·u + m, o = 0; Q4_0: d·(u − 8); Q8_0: d·(u − 128) with
+//! u = q + 128), so `Σ w·x = d·dx·(Σ u·q − o·Σq) [+ m·s]`.
+
+use super::dot::{Q8Block, QK};
+use crate::gguf::types::GgmlType;
+
+/// Tokens per group.
+pub const GROUP: usize = 8;
+
+/// One block (32 elements) of 8 tokens' quantized activations, interleaved:
+/// `qs[g][t]` holds elements `4g..4g+4` of token `t`.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub struct Q8Group {
+    /// Scales per token.
+    pub d: [f32; GROUP],
+    /// `d · Σq` per token (for Q4_1's offset).
+    pub s: [f32; GROUP],
+    /// `Σq` per token.
+    pub qsum: [i32; GROUP],
+    /// Interleaved quantized values.
+    pub qs: [[[i8; 4]; GROUP]; QK / 4],
+}
+
+impl Default for Q8Group {
+    fn default() -> Self {
+        Self { d: [0.0; GROUP], s: [0.0; GROUP], qsum: [0; GROUP], qs: [[[0; 4]; GROUP]; QK / 4] }
+    }
+}
+
+/// Interleave `n` tokens' quantized rows (`nb` blocks each, token-major) into
+/// groups of 8 (`n.div_ceil(8) * nb` groups, group-major); missing tokens are zero.
+pub fn interleave(xq: &[Q8Block], n: usize, nb: usize) -> Vec<Q8Group> {
+    let groups = n.div_ceil(GROUP);
+    let mut out = vec![Q8Group::default(); groups * nb];
+    for t in 0..n {
+        let (g, lane) = (t / GROUP, t % GROUP);
+        for b in 0..nb {
+            let src = &xq[t * nb + b];
+            let dst = &mut out[g * nb + b];
+            dst.d[lane] = src.d;
+            dst.s[lane] = src.s;
+            dst.qsum[lane] = src.qsum;
+            for (k, chunk) in src.qs.chunks_exact(4).enumerate() {
+                dst.qs[k][lane].copy_from_slice(chunk);
+            }
+        }
+    }
+    out
+}
+
+/// One weight row (raw blocks) times one group of 8 tokens (`nb` groups).
+pub type GemmFn = fn(&[u8], &[Q8Group]) -> [f32; GROUP];
+
+/// The best grouped kernel for a weight type on this CPU, if any.
+pub fn gemm_kernel(dtype: GgmlType) -> Option<GemmFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vnni = std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl");
+        let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+        let f16c = std::is_x86_feature_detected!("f16c");
+        if f16c && (vnni || avx2) {
+            return match (dtype, vnni) {
+                (GgmlType::Q4_0, true) => Some(simd::q4_0_vnni),
+                (GgmlType::Q4_1, true) => Some(simd::q4_1_vnni),
+                (GgmlType::Q8_0, true) => Some(simd::q8_0_vnni),
+                (GgmlType::Q4_0, false) => Some(simd::q4_0_avx2),
+                (GgmlType::Q4_1, false) => Some(simd::q4_1_avx2),
+                (GgmlType::Q8_0, false) => Some(simd::q8_0_avx2),
+                _ => None,
+            };
+        }
+    }
+    scalar_kernel(dtype)
+}
+
+/// The portable kernel (for tests and CPUs without AVX2).
+pub fn scalar_kernel(dtype: GgmlType) -> Option<GemmFn> {
+    match dtype {
+        GgmlType::Q4_0 => Some(|w, x| scalar(w, x, Format::Q4_0)),
+        GgmlType::Q4_1 => Some(|w, x| scalar(w, x, Format::Q4_1)),
+        GgmlType::Q8_0 => Some(|w, x| scalar(w, x, Format::Q8_0)),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl Format {
+    const fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q8_0 => 34,
+        }
+    }
+    const fn offset(self) -> i32 {
+        match self {
+            Self::Q4_0 => 8,
+            Self::Q4_1 => 0,
+            Self::Q8_0 => 128,
+        }
+    }
+}
+
+/// Unsigned weight values of one block, plus (d, m).
+fn unpack(wb: &[u8], f: Format) -> ([u8; QK], f32, f32) {
+    let half = |i: usize| half::f16::from_bits(u16::from_le_bytes([wb[i], wb[i + 1]])).to_f32();
+    let mut u = [0u8; QK];
+    match f {
+        Format::Q8_0 => {
+            for (o, &b) in u.iter_mut().zip(&wb[2..34]) {
+                *o = b ^ 0x80;
+            }
+            (u, half(0), 0.0)
+        }
+        Format::Q4_0 | Format::Q4_1 => {
+            let q = if f == Format::Q4_1 { &wb[4..20] } else { &wb[2..18] };
+            for j in 0..16 {
+                u[j] = q[j] & 0x0F;
+                u[j + 16] = q[j] >> 4;
+            }
+            (u, half(0), if f == Format::Q4_1 { half(2) } else { 0.0 })
+        }
+    }
+}
+
+fn scalar(w: &[u8], x: &[Q8Group], f: Format) -> [f32; GROUP] {
+    let mut out = [0f32; GROUP];
+    for (wb, xg) in w.chunks_exact(f.block_bytes()).zip(x) {
+        let (u, d, m) = unpack(wb, f);
+        for (t, o) in out.iter_mut().enumerate() {
+            let mut acc = 0i32;
+            for (k, group) in xg.qs.iter().enumerate() {
+                for e in 0..4 {
+                    acc += u[4 * k + e] as i32 * group[t][e] as i32;
+                }
+            }
+            acc -= f.offset() * xg.qsum[t];
+            *o = (xg.d[t] * d).mul_add(acc as f32, *o);
+            if f == Format::Q4_1 {
+                *o = xg.s[t].mul_add(m, *o);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{Format, Q8Group, GROUP};
+    use std::arch::x86_64::*;
+
+    macro_rules! entry {
+        ($name:ident, $imp:ident, $fmt:expr) => {
+            pub fn $name(w: &[u8], x: &[Q8Group]) -> [f32; GROUP] {
+                let nb = x.len().min(w.len() / $fmt.block_bytes());
+                // SAFETY: selected only when the CPU has the features `$imp` enables;
+                // it reads nb blocks of w and nb groups of x, both in bounds.
+                unsafe { $imp(w.as_ptr(), x.as_ptr(), nb, $fmt) }
+            }
+        };
+    }
+    entry!(q4_0_vnni, vnni, Format::Q4_0);
+    entry!(q4_1_vnni, vnni, Format::Q4_1);
+    entry!(q8_0_vnni, vnni, Format::Q8_0);
+    entry!(q4_0_avx2, avx2, Format::Q4_0);
+    entry!(q4_1_avx2, avx2, Format::Q4_1);
+    entry!(q8_0_avx2, avx2, Format::Q8_0);
+
+    /// Unpack one weight block to 32 unsigned bytes in `buf`; returns (d, m).
+    #[inline(always)]
+    unsafe fn unpack_block(wb: *const u8, f: Format, buf: &mut [u8; 32]) -> (f32, f32) {
+        // SAFETY: the caller guarantees a whole block at wb and F16C support.
+        unsafe {
+            let half = |p: *const u8| {
+                let bits = std::ptr::read_unaligned(p as *const u16);
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+            };
+            match f {
+                Format::Q8_0 => {
+                    let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                    let u = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
+                    _mm256_storeu_si256(buf.as_mut_ptr() as *mut __m256i, u);
+                    (half(wb), 0.0)
+                }
+                Format::Q4_0 | Format::Q4_1 => {
+                    let off = if f == Format::Q4_1 { 4 } else { 2 };
+                    let q = _mm_loadu_si128(wb.add(off) as *const __m128i);
+                    let mask = _mm_set1_epi8(0x0F);
+                    let lo = _mm_and_si128(q, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+                    _mm256_storeu_si256(buf.as_mut_ptr() as *mut __m256i, _mm256_set_m128i(hi, lo));
+                    (half(wb), if f == Format::Q4_1 { half(wb.add(2)) } else { 0.0 })
+                }
+            }
+        }
+    }
+
+    /// The shared loop; `dot4` multiplies broadcast weight bytes with one
+    /// interleaved 8-token vector and accumulates into i32 lanes.
+    #[inline(always)]
+    unsafe fn run(
+        w: *const u8,
+        x: *const Q8Group,
+        nb: usize,
+        f: Format,
+        dot4: impl Fn(__m256i, __m256i, __m256i) -> __m256i,
+    ) -> [f32; GROUP] {
+        // SAFETY (whole body): nb blocks of w and nb groups of x are readable (see `entry!`).
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut buf = [0u8; 32];
+            let offset = _mm256_set1_epi32(f.offset());
+            for b in 0..nb {
+                let xg = &*x.add(b);
+                let (d, m) = unpack_block(w.add(b * f.block_bytes()), f, &mut buf);
+                let mut isum = _mm256_setzero_si256();
+                for k in 0..8 {
+                    let wv = _mm256_set1_epi32(std::ptr::read_unaligned(buf.as_ptr().add(4 * k) as *const i32));
+                    let xv = _mm256_load_si256(xg.qs[k].as_ptr() as *const __m256i);
+                    isum = dot4(isum, wv, xv);
+                }
+                if f.offset() != 0 {
+                    let qsum = _mm256_load_si256(xg.qsum.as_ptr() as *const __m256i);
+                    isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(qsum, offset));
+                }
+                let scale = _mm256_mul_ps(_mm256_load_ps(xg.d.as_ptr()), _mm256_set1_ps(d));
+                acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc);
+                if f == Format::Q4_1 {
+                    acc = _mm256_fmadd_ps(_mm256_load_ps(xg.s.as_ptr()), _mm256_set1_ps(m), acc);
+                }
+            }
+            let mut out = [0f32; GROUP];
+            _mm256_storeu_ps(out.as_mut_ptr(), acc);
+            out
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    unsafe fn vnni(w: *const u8, x: *const Q8Group, nb: usize, f: Format) -> [f32; GROUP] {
+        // SAFETY: forwarded; the closure runs with this function's features.
+        unsafe { run(w, x, nb, f, |acc, wv, xv| _mm256_dpbusd_epi32(acc, wv, xv)) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2(w: *const u8, x: *const Q8Group, nb: usize, f: Format) -> [f32; GROUP] {
+        let ones = _mm256_set1_epi16(1);
+        // SAFETY: forwarded; the closure runs with this function's features.
+        unsafe {
+            run(w, x, nb, f, |acc, wv, xv| _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::dot::{dot_kernel, quantize_row_q8};
+
+    fn lcg(seed: &mut u64) -> u32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (*seed >> 33) as u32
+    }
+
+    #[test]
+    fn grouped_kernels_match_the_decode_kernels() {
+        let mut seed = 5u64;
+        let (cols, n) = (256, 11);
+        let nb = cols / QK;
+        let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2000) as f32 / 700.0 - 1.4).collect();
+        let mut xq = vec![Q8Block::default(); n * nb];
+        quantize_row_q8(&x, &mut xq);
+        let groups = interleave(&xq, n, nb);
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let ts = dtype.type_size();
+            let mut w: Vec<u8> = (0..nb * ts).map(|_| lcg(&mut seed) as u8).collect();
+            for b in w.chunks_exact_mut(ts) {
+                b[0..2].copy_from_slice(&half::f16::from_f32(0.03).to_bits().to_le_bytes());
+                if dtype == GgmlType::Q4_1 {
+                    b[2..4].copy_from_slice(&half::f16::from_f32(-0.2).to_bits().to_le_bytes());
+                }
+            }
+            let one = dot_kernel(dtype).expect("decode kernel");
+            for kernel in [gemm_kernel(dtype).expect("kernel"), scalar_kernel(dtype).expect("scalar")] {
+                for g in 0..n.div_ceil(GROUP) {
+                    let got = kernel(&w, &groups[g * nb..(g + 1) * nb]);
+                    for lane in 0..GROUP.min(n - g * GROUP) {
+                        let t = g * GROUP + lane;
+                        let want = one(&w, &xq[t * nb..(t + 1) * nb]);
+                        assert_eq!(got[lane].to_bits(), want.to_bits(), "{dtype:?} t{t}: {} vs {want}", got[lane]);
+                    }
+                }
+            }
+        }
+    }
+}
