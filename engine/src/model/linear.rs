@@ -185,8 +185,21 @@ impl Linear {
             }
             WeightData::Blocks { bytes, row_bytes, kernels: Some(k), .. } if precision == MatmulPrecision::Fast => {
                 let nb = cols / QK;
-                for r in rows {
-                    let wr = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
+                let mut r = rows.start;
+                if n < 4 {
+                    while r + 4 <= rows.end {
+                        for t in 0..n {
+                            let out = (k.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.rows[t * nb..(t + 1) * nb]);
+                            for (i, v) in out.into_iter().enumerate() {
+                                write(r + i, t, v);
+                            }
+                        }
+                        r += 4;
+                    }
+                }
+                for r in r..rows.end {
+                    let wr = row(r);
                     let mut t = 0;
                     while t + 4 <= n {
                         for (j, v) in (k.four)(wr, &xq.rows[t * nb..(t + 4) * nb], nb).into_iter().enumerate() {

@@ -53,13 +53,18 @@ pub type DotFn = fn(&[u8], &[Q8Block]) -> f32;
 /// blocks are unpacked once for all four.
 pub type Dot4Fn = fn(&[u8], &[Q8Block], usize) -> [f32; 4];
 
-/// Integer kernels for one weight type: single-row and 4-token.
+/// Dot products of 4 weight rows with one token row of quantized activations.
+pub type Rows4Fn = fn([&[u8]; 4], &[Q8Block]) -> [f32; 4];
+
+/// Integer kernels for one weight type: single-row, 4-token and 4-row.
 #[derive(Clone, Copy)]
 pub struct DotKernels {
     /// One weight row · one token.
     pub one: DotFn,
     /// One weight row · four tokens.
     pub four: Dot4Fn,
+    /// Four weight rows · one token (decode: four independent chains in flight).
+    pub rows4: Rows4Fn,
 }
 
 /// The fastest kernels for a weight type, or `None` (see [`dot_kernel`]).
@@ -74,7 +79,15 @@ pub fn dot_kernels(dtype: GgmlType) -> Option<DotKernels> {
         (GgmlType::Q4_1, false) => |w, x, s| scalar_four(scalar::dot_q4_1, w, x, s),
         _ => |w, x, s| scalar_four(scalar::dot_q8_0, w, x, s),
     };
-    Some(DotKernels { one, four })
+    let rows4: Rows4Fn = match (dtype, avx2) {
+        (GgmlType::Q4_0, true) => avx2::rows4_q4_0,
+        (GgmlType::Q4_1, true) => avx2::rows4_q4_1,
+        (GgmlType::Q8_0, true) => avx2::rows4_q8_0,
+        (GgmlType::Q4_0, false) => |w, x| w.map(|r| scalar::dot_q4_0(r, x)),
+        (GgmlType::Q4_1, false) => |w, x| w.map(|r| scalar::dot_q4_1(r, x)),
+        _ => |w, x| w.map(|r| scalar::dot_q8_0(r, x)),
+    };
+    Some(DotKernels { one, four, rows4 })
 }
 
 fn scalar_four(one: DotFn, w: &[u8], x: &[Q8Block], stride: usize) -> [f32; 4] {
@@ -206,6 +219,70 @@ mod avx2 {
     entries!(dot_q4_1, dot4_q4_1, Kind::Q4_1);
     entries!(dot_q8_0, dot4_q8_0, Kind::Q8_0);
 
+    macro_rules! rows4_entry {
+        ($name:ident, $kind:expr) => {
+            pub fn $name(w: [&[u8]; 4], x: &[Q8Block]) -> [f32; 4] {
+                let n = w.iter().fold(x.len(), |n, r| n.min(r.len() / $kind.bytes()));
+                // SAFETY: features detected; n blocks in each of the 4 rows and in x.
+                unsafe { rows4(w.map(|r| r.as_ptr()), x.as_ptr(), n, $kind) }
+            }
+        };
+    }
+    rows4_entry!(rows4_q4_0, Kind::Q4_0);
+    rows4_entry!(rows4_q4_1, Kind::Q4_1);
+    rows4_entry!(rows4_q8_0, Kind::Q8_0);
+
+    /// Four weight rows against one token; lane r of every vector is row r, and
+    /// each lane performs exactly the scalar kernels' operations.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows4(w: [*const u8; 4], x: *const Q8Block, n: usize, kind: Kind) -> [f32; 4] {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm_setzero_ps();
+        for b in 0..n {
+            // SAFETY: b < n blocks in every row and in x (see `rows4_entry!`).
+            unsafe {
+                let xb = &*x.add(b);
+                let q8 = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                let mut sums = [_mm256_setzero_si256(); 4];
+                let mut d = [0f32; 4];
+                let mut m = [0f32; 4];
+                for r in 0..4 {
+                    let wb = w[r].add(b * kind.bytes());
+                    d[r] = half(wb);
+                    let (u, x8) = match kind {
+                        Kind::Q4_1 => {
+                            m[r] = half(wb.add(2));
+                            (unpack_nibbles(wb.add(4)), q8)
+                        }
+                        Kind::Q4_0 => (unpack_nibbles(wb.add(2)), q8),
+                        Kind::Q8_0 => {
+                            let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                            (_mm256_sign_epi8(q, q), _mm256_sign_epi8(q8, q))
+                        }
+                    };
+                    sums[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x8), ones);
+                }
+                // Exact i32 reduction of each row's 8 lanes into lane r.
+                let h01 = _mm256_hadd_epi32(sums[0], sums[1]);
+                let h23 = _mm256_hadd_epi32(sums[2], sums[3]);
+                let h = _mm256_hadd_epi32(h01, h23);
+                let mut isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                if kind == Kind::Q4_0 {
+                    isum = _mm_sub_epi32(isum, _mm_set1_epi32(8 * xb.qsum));
+                }
+                let dw = _mm_loadu_ps(d.as_ptr());
+                acc = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(xb.d), dw), _mm_cvtepi32_ps(isum), acc);
+                if kind == Kind::Q4_1 {
+                    acc = _mm_fmadd_ps(_mm_set1_ps(xb.s), _mm_loadu_ps(m.as_ptr()), acc);
+                }
+            }
+        }
+        let mut out = [0f32; 4];
+        // SAFETY: out has 4 floats.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn half(p: *const u8) -> f32 {
@@ -284,6 +361,15 @@ mod avx2 {
     }
     pub fn dot4_q8_0(w: &[u8], x: &[Q8Block], s: usize) -> [f32; 4] {
         scalar_four(scalar::dot_q8_0, w, x, s)
+    }
+    pub fn rows4_q4_0(w: [&[u8]; 4], x: &[Q8Block]) -> [f32; 4] {
+        w.map(|r| scalar::dot_q4_0(r, x))
+    }
+    pub fn rows4_q4_1(w: [&[u8]; 4], x: &[Q8Block]) -> [f32; 4] {
+        w.map(|r| scalar::dot_q4_1(r, x))
+    }
+    pub fn rows4_q8_0(w: [&[u8]; 4], x: &[Q8Block]) -> [f32; 4] {
+        w.map(|r| scalar::dot_q8_0(r, x))
     }
 }
 
@@ -378,6 +464,12 @@ mod tests {
             for (j, got) in four.iter().enumerate() {
                 let one = (k.one)(&w, &xq[j * nb..(j + 1) * nb]);
                 assert_eq!(got.to_bits(), one.to_bits(), "{dtype:?} token {j}: {got} vs {one}");
+            }
+            let rows: Vec<Vec<u8>> = (0..4).map(|_| random_blocks(dtype, nb, &mut seed)).collect();
+            let by_rows = (k.rows4)([&rows[0], &rows[1], &rows[2], &rows[3]], &xq[..nb]);
+            for (r, got) in by_rows.iter().enumerate() {
+                let one = (k.one)(&rows[r], &xq[..nb]);
+                assert_eq!(got.to_bits(), one.to_bits(), "{dtype:?} row {r}: {got} vs {one}");
             }
         }
     }
