@@ -87,7 +87,7 @@ fn tools_variable_is_none_when_absent_and_list_when_given() {
     let out = t.render(&[], Some(&tools), false).unwrap();
     assert_eq!(
         out,
-        r#"[get_weather:{"function": {"name": "get_weather", "parameters": {"city": "<Paris>"}}, "type": "function"}]"#
+        r#"[get_weather:{"type": "function", "function": {"name": "get_weather", "parameters": {"city": "<Paris>"}}}]"#
     );
 }
 
@@ -131,7 +131,7 @@ fn tojson_matches_python_json_dumps() {
     let out = render("{{ messages[0] | tojson }}", &msgs).unwrap();
     assert_eq!(
         out,
-        r#"{"a": "é\"\n<&>", "b": [1, 2.5, 1e+20, 0.0001, null, true], "c": {}, "d": []}"#
+        r#"{"b": [1, 2.5, 1e+20, 0.0001, null, true], "a": "é\"\n<&>", "c": {}, "d": []}"#
     );
     let out = render("{{ messages[0].b | tojson(indent=2) }}", &msgs).unwrap();
     assert_eq!(

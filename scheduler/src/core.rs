@@ -1,0 +1,236 @@
+//! The scheduling state machine: `schedule()` builds a `ForwardBatch`,
+//! `update()` consumes the `StepOutput`. Owned by one step-loop thread.
+//!
+//! Policy (vLLM v1-like): running sequences first, in admission order, each
+//! taking `min(remaining, budget)` tokens (1 when decoding, a chunk of its
+//! prompt while prefilling — chunked prefill, so a long prompt never stalls
+//! running streams); then waiting sequences FCFS while budget, sequence cap
+//! and KV blocks allow. When a running sequence cannot grow, the newest
+//! running sequences are preempted (blocks freed, recomputed later through
+//! the prefix cache) and no new sequence is admitted in that step.
+
+use crate::config::SchedulerConfig;
+use crate::kv_cache::{KvCacheConfig, KvCacheManager};
+use crate::metrics::Metrics;
+use crate::output::StopReason;
+use crate::request::{FinishReason, GenerationEvent, GeneratedToken};
+use crate::sequence::{RequestId, Sequence};
+use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling, StepOutput};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// What one step scheduled: the batch and, per entry, (request, new tokens).
+pub(crate) struct Step {
+    pub batch: ForwardBatch,
+    pub plan: Vec<(RequestId, usize)>,
+}
+
+/// Scheduling state: the queues and the KV cache manager.
+pub(crate) struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    metrics: Arc<Metrics>,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
+        let kv = KvCacheManager::new(KvCacheConfig {
+            num_blocks: config.num_blocks,
+            block_size: config.block_size,
+            enable_prefix_caching: config.enable_prefix_caching,
+        });
+        Self { config, kv, waiting: VecDeque::new(), running: Vec::new(), metrics }
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+        self.publish_gauges();
+    }
+
+    pub fn kv(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    /// Plan the next step; `None` when nothing can run.
+    pub fn schedule(&mut self) -> Option<Step> {
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut step = Step { batch: ForwardBatch::default(), plan: Vec::new() };
+        let preempted = self.schedule_running(&mut budget, &mut step);
+        if !preempted {
+            self.admit_waiting(&mut budget, &mut step);
+        }
+        self.publish_gauges();
+        (!step.plan.is_empty()).then_some(step)
+    }
+
+    fn schedule_running(&mut self, budget: &mut usize, step: &mut Step) -> bool {
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let n = self.running[i].remaining().min(*budget);
+            let target = self.running[i].num_computed + n;
+            while !self.kv.can_allocate(&self.running[i].kv, target) && self.running.len() > i + 1 {
+                if let Some(victim) = self.running.pop() {
+                    self.preempt(victim);
+                    preempted = true;
+                }
+            }
+            if self.kv.allocate(&mut self.running[i].kv, target).is_err() {
+                let victim = self.running.remove(i);
+                self.preempt(victim);
+                preempted = true;
+                continue;
+            }
+            push_entry(step, &self.running[i], n);
+            *budget -= n;
+            i += 1;
+        }
+        preempted
+    }
+
+    fn admit_waiting(&mut self, budget: &mut usize, step: &mut Step) {
+        while *budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(seq) = self.waiting.front_mut() else { break };
+            if seq.kv.blocks.is_empty() && seq.num_computed == 0 {
+                let hit = self.kv.lookup_prefix(&mut seq.kv, &seq.tokens, seq.salt);
+                seq.num_computed = hit.cached_tokens;
+                if !seq.started {
+                    seq.usage.cached_tokens = hit.cached_tokens;
+                }
+            }
+            let n = seq.remaining().min(*budget);
+            if self.kv.allocate(&mut seq.kv, seq.num_computed + n).is_err() {
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            self.metrics.admitted();
+            if !seq.started {
+                seq.started = true;
+                seq.send(GenerationEvent::Started { cached_tokens: seq.usage.cached_tokens });
+            }
+            push_entry(step, &seq, n);
+            *budget -= n;
+            self.running.push(seq);
+        }
+    }
+
+    fn preempt(&mut self, mut seq: Sequence) {
+        self.kv.free(&mut seq.kv);
+        seq.num_computed = 0;
+        self.metrics.preempted();
+        self.waiting.push_front(seq);
+    }
+
+    /// Apply a step's results: advance computed positions, register full
+    /// blocks, append sampled tokens, emit events, retire finished sequences.
+    pub fn update(&mut self, step: &Step, output: StepOutput) {
+        let mut retired: Vec<usize> = Vec::new();
+        let mut cursor = 0;
+        for ((id, n), out) in step.plan.iter().zip(output.seqs) {
+            let Some(offset) = self.running[cursor..].iter().position(|s| s.id == *id) else { continue };
+            let idx = cursor + offset;
+            cursor = idx + 1;
+            let seq = &mut self.running[idx];
+            seq.num_computed += n;
+            self.kv.commit(&mut seq.kv, &seq.tokens, seq.num_computed, seq.salt);
+            let Some(sampled) = out.sampled else { continue };
+            if !advance(seq, sampled, self.config.context_length) {
+                if seq.events.is_closed() {
+                    self.metrics.aborted(); // the caller dropped its stream
+                }
+                retired.push(idx);
+            }
+        }
+        for idx in retired.into_iter().rev() {
+            let mut seq = self.running.remove(idx);
+            self.kv.free(&mut seq.kv);
+        }
+        self.publish_gauges();
+    }
+
+    /// Fail every sequence of a step whose forward pass failed.
+    pub fn fail(&mut self, step: &Step, message: &str) {
+        for (id, _) in &step.plan {
+            if let Some(idx) = self.running.iter().position(|s| s.id == *id) {
+                let mut seq = self.running.remove(idx);
+                seq.send(GenerationEvent::Failed { message: message.to_string() });
+                self.kv.free(&mut seq.kv);
+            }
+        }
+        self.publish_gauges();
+    }
+
+    /// Remove a request wherever it is, returning its blocks.
+    pub fn abort(&mut self, id: RequestId) {
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            Some(self.running.remove(i))
+        } else {
+            self.waiting.iter().position(|s| s.id == id).and_then(|i| self.waiting.remove(i))
+        };
+        if let Some(mut seq) = seq {
+            if !seq.started {
+                self.metrics.admitted();
+            }
+            seq.send(GenerationEvent::Failed { message: "aborted".into() });
+            self.kv.free(&mut seq.kv);
+            self.metrics.aborted();
+        }
+        self.publish_gauges();
+    }
+
+    fn publish_gauges(&self) {
+        self.metrics.set_gauges(self.running.len(), self.waiting.len(), self.kv.usage());
+        self.metrics.set_prefix_stats(self.kv.stats());
+    }
+}
+
+fn push_entry(step: &mut Step, seq: &Sequence, n: usize) {
+    let start = seq.num_computed;
+    let sampling = (start + n == seq.tokens.len()).then(|| SeqSampling {
+        params: seq.sampling.clone(),
+        output_tokens: seq.output_tokens().to_vec(),
+        prompt_tokens: if seq.sampling.repetition_penalty != 1.0 { seq.tokens[..seq.prompt_len].to_vec() } else { Vec::new() },
+    });
+    step.batch.seqs.push(SeqInput {
+        tokens: seq.tokens[start..start + n].to_vec(),
+        start_pos: start,
+        block_table: seq.kv.blocks.clone(),
+        logits: LogitsRequest::None,
+        sampling,
+    });
+    step.plan.push((seq.id, n));
+}
+
+/// Append a sampled token and emit its events; false when the sequence is done.
+fn advance(seq: &mut Sequence, sampled: spindle_engine::sampling::SampledToken, context_length: usize) -> bool {
+    let token = GeneratedToken { id: sampled.token, logprob: sampled.logprob, top_logprobs: sampled.top_logprobs };
+    seq.tokens.push(token.id);
+    let processed = match seq.output.push(token.id) {
+        Ok(p) => p,
+        Err(e) => {
+            seq.send(GenerationEvent::Failed { message: e.to_string() });
+            return false;
+        }
+    };
+    seq.usage.output_tokens = seq.output.output_token_count();
+    let is_eos = matches!(processed.finished, Some(StopReason::Eos));
+    if !is_eos && !seq.send(GenerationEvent::Delta { text: processed.text_delta, token }) {
+        return false;
+    }
+    let reason = match processed.finished {
+        Some(StopReason::Eos) => FinishReason::Eos,
+        Some(StopReason::StopString(s)) => FinishReason::StopString(s),
+        Some(StopReason::MaxTokens) => FinishReason::MaxTokens,
+        None if seq.tokens.len() >= context_length => FinishReason::ContextLength,
+        None => return true,
+    };
+    let text = seq.output.finish().unwrap_or_default();
+    seq.send(GenerationEvent::Finished { reason, text, usage: seq.usage });
+    false
+}

@@ -1,0 +1,269 @@
+//! The async facade: a step-loop thread owns all scheduling state; callers
+//! talk to it through [`SchedulerHandle`] and read [`EventStream`]s.
+
+use crate::config::SchedulerConfig;
+use crate::core::Scheduler;
+use crate::kv_cache::{KvUsage, SeqKv};
+use crate::metrics::Metrics;
+use crate::output::OutputProcessor;
+use crate::request::{GenerationEvent, GenerationRequest, Usage};
+use crate::sequence::{RequestId, Sequence};
+use spindle_engine::batch::{ForwardBatch, StepOutput};
+use spindle_engine::runner::ModelRunner;
+use spindle_engine::tokenizer::Tokenizer;
+use spindle_engine::EngineError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Runs forward steps (the engine's `ModelRunner`, or a fake in tests).
+pub trait StepRunner: Send + 'static {
+    /// Run one batch.
+    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput, EngineError>;
+}
+
+impl StepRunner for ModelRunner {
+    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput, EngineError> {
+        ModelRunner::execute(self, batch)
+    }
+}
+
+/// Why `submit` refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The waiting queue is full; try again later.
+    #[error("too many requests: {waiting} already waiting")]
+    QueueFull {
+        /// The queue limit.
+        waiting: usize,
+        /// Suggested client back-off.
+        retry_after: Duration,
+    },
+    /// The prompt does not fit the context window (with room for one token).
+    #[error("prompt of {len} tokens exceeds the context length of {max}")]
+    ContextLengthExceeded {
+        /// Prompt tokens.
+        len: usize,
+        /// Context length.
+        max: usize,
+    },
+    /// The request could never fit in the KV pool, even alone.
+    #[error("prompt of {len} tokens needs {needed} KV blocks; the pool has {total}")]
+    TooLargeForCache {
+        /// Prompt tokens.
+        len: usize,
+        /// Blocks needed.
+        needed: usize,
+        /// Blocks in the pool.
+        total: usize,
+    },
+    /// The prompt is empty.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// Sampling parameters are out of range.
+    #[error("{0}")]
+    InvalidSampling(String),
+    /// The step loop has stopped.
+    #[error("the scheduler has shut down")]
+    ShutDown,
+}
+
+enum Command {
+    Submit(Box<Sequence>),
+    Abort(RequestId),
+    CheckKv(mpsc::Sender<Result<KvUsage, String>>),
+}
+
+/// Cheap to clone; all clones feed the same step loop.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    commands: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    config: Arc<SchedulerConfig>,
+    tokenizer: Tokenizer,
+    metrics: Arc<Metrics>,
+}
+
+/// The events of one request. Dropping it aborts the request and frees its
+/// KV blocks within one step.
+pub struct EventStream {
+    id: RequestId,
+    events: UnboundedReceiver<GenerationEvent>,
+    commands: mpsc::Sender<Command>,
+    finished: bool,
+}
+
+impl EventStream {
+    /// The request's id (for [`SchedulerHandle::abort`]).
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event, or `None` after the terminal one.
+    pub async fn recv(&mut self) -> Option<GenerationEvent> {
+        let event = self.events.recv().await;
+        self.note(&event);
+        event
+    }
+
+    /// Blocking variant for non-async callers (not from inside a runtime).
+    pub fn blocking_recv(&mut self) -> Option<GenerationEvent> {
+        let event = self.events.blocking_recv();
+        self.note(&event);
+        event
+    }
+
+    fn note(&mut self, event: &Option<GenerationEvent>) {
+        if matches!(event, None | Some(GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. })) {
+            self.finished = true;
+        }
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.commands.send(Command::Abort(self.id));
+        }
+    }
+}
+
+impl SchedulerHandle {
+    /// Start the step loop on its own thread.
+    pub fn spawn(config: SchedulerConfig, runner: impl StepRunner, tokenizer: Tokenizer) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::default());
+        let scheduler = Scheduler::new(config.clone(), metrics.clone());
+        let loop_metrics = metrics.clone();
+        std::thread::Builder::new()
+            .name("spindle-step-loop".into())
+            .spawn(move || step_loop(scheduler, runner, rx, loop_metrics))
+            .map(|_| ())
+            .unwrap_or_else(|e| tracing::error!("could not start the step loop: {e}"));
+        Self { commands: tx, next_id: Arc::new(AtomicU64::new(1)), config: Arc::new(config), tokenizer, metrics }
+    }
+
+    /// Queue a request; its events arrive on the returned stream.
+    pub fn submit(&self, request: GenerationRequest) -> Result<EventStream, SubmitError> {
+        self.validate(&request)?;
+        if !self.metrics.try_enqueue(self.config.max_waiting) {
+            return Err(SubmitError::QueueFull { waiting: self.config.max_waiting, retry_after: Duration::from_secs(1) });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        let salt = cache_salt(self.config.model_salt, request.cache_salt.as_deref());
+        let seq = Sequence {
+            id,
+            prompt_len: request.prompt.len(),
+            usage: Usage { input_tokens: request.prompt.len(), ..Usage::default() },
+            tokens: request.prompt,
+            num_computed: 0,
+            kv: SeqKv::default(),
+            sampling: request.sampling,
+            output: OutputProcessor::new(self.tokenizer.clone(), request.stop),
+            salt,
+            events: tx,
+            started: false,
+        };
+        if self.commands.send(Command::Submit(Box::new(seq))).is_err() {
+            self.metrics.admitted();
+            return Err(SubmitError::ShutDown);
+        }
+        Ok(EventStream { id, events: rx, commands: self.commands.clone(), finished: false })
+    }
+
+    fn validate(&self, request: &GenerationRequest) -> Result<(), SubmitError> {
+        let len = request.prompt.len();
+        if len == 0 {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if len >= self.config.context_length {
+            return Err(SubmitError::ContextLengthExceeded { len, max: self.config.context_length });
+        }
+        let needed = (len + 1).div_ceil(self.config.block_size);
+        if needed > self.config.num_blocks {
+            return Err(SubmitError::TooLargeForCache { len, needed, total: self.config.num_blocks });
+        }
+        request.sampling.validate().map_err(|e| SubmitError::InvalidSampling(e.to_string()))
+    }
+
+    /// Abort a request (its stream ends with `Failed { "aborted" }`).
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.commands.send(Command::Abort(id));
+    }
+
+    /// Ask the step loop to verify the KV cache's invariants (between steps)
+    /// and report block usage; for tests and debugging.
+    pub fn check_kv(&self) -> Result<KvUsage, String> {
+        let (tx, rx) = mpsc::channel();
+        self.commands.send(Command::CheckKv(tx)).map_err(|_| "scheduler has shut down".to_string())?;
+        rx.recv().map_err(|_| "scheduler has shut down".to_string())?
+    }
+
+    /// Live counters and gauges.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+}
+
+fn cache_salt(model_salt: u64, salt: Option<&str>) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ model_salt;
+    for b in salt.unwrap_or("").bytes().chain([0xff]) {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn step_loop(mut scheduler: Scheduler, mut runner: impl StepRunner, rx: mpsc::Receiver<Command>, metrics: Arc<Metrics>) {
+    let mut stalled = false;
+    loop {
+        let cmd = if !scheduler.has_work() {
+            match rx.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return, // every handle and stream is gone
+            }
+        } else if stalled {
+            // Work exists but nothing could be scheduled: wait for a change
+            // (a new request or an abort) instead of spinning.
+            rx.recv_timeout(Duration::from_millis(5)).ok()
+        } else {
+            rx.try_recv().ok()
+        };
+        if let Some(c) = cmd {
+            apply(&mut scheduler, c);
+            while let Ok(c) = rx.try_recv() {
+                apply(&mut scheduler, c);
+            }
+        }
+        stalled = !run_step(&mut scheduler, &mut runner, &metrics);
+    }
+}
+
+fn apply(scheduler: &mut Scheduler, cmd: Command) {
+    match cmd {
+        Command::Submit(seq) => scheduler.add(*seq),
+        Command::Abort(id) => scheduler.abort(id),
+        Command::CheckKv(reply) => {
+            let _ = reply.send(scheduler.kv().check_invariants().map(|()| scheduler.kv().usage()));
+        }
+    }
+}
+
+/// Run one step; false when nothing could be scheduled.
+fn run_step(scheduler: &mut Scheduler, runner: &mut impl StepRunner, metrics: &Metrics) -> bool {
+    let Some(step) = scheduler.schedule() else { return false };
+    let started = Instant::now();
+    match runner.execute(&step.batch) {
+        Ok(output) => scheduler.update(&step, output),
+        Err(e) => scheduler.fail(&step, &e.to_string()),
+    }
+    metrics.record_step(started.elapsed(), step.plan.len());
+    true
+}
