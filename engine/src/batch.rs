@@ -19,11 +19,26 @@ pub enum LogitsRequest {
 pub struct SeqSampling {
     /// Sampling parameters.
     pub params: SamplingParams,
-    /// Tokens generated so far; with the seed it fixes the random draw, so a
-    /// seeded sequence samples the same tokens whatever else is in the batch.
+    /// How many tokens the sequence has generated; with the seed it fixes the
+    /// random draw, so a seeded sequence samples the same tokens whatever else
+    /// is in the batch.
+    pub generated: usize,
+    /// Generated tokens (only needed for the penalties; empty otherwise).
     pub output_tokens: Vec<u32>,
-    /// Prompt tokens (only needed when repetition_penalty is used).
+    /// Prompt tokens (only needed for repetition_penalty; empty otherwise).
     pub prompt_tokens: Vec<u32>,
+}
+
+impl SeqSampling {
+    /// Whether the penalties need the output tokens.
+    pub fn needs_output_tokens(params: &SamplingParams) -> bool {
+        params.repetition_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0
+    }
+
+    /// Whether the penalties need the prompt tokens.
+    pub fn needs_prompt_tokens(params: &SamplingParams) -> bool {
+        params.repetition_penalty != 1.0
+    }
 }
 
 /// One sequence's share of a forward step.

@@ -80,8 +80,10 @@ fn generate_inner(
         return Err(EngineError::ContextLengthExceeded { len: req.prompt.len(), max: ctx });
     }
     let bs = runner.kv().block_size();
-    let prompt_tokens = if req.sampling.repetition_penalty != 1.0 { req.prompt.clone() } else { Vec::new() };
-    let mut sampling = SeqSampling { params: req.sampling.clone(), output_tokens: Vec::new(), prompt_tokens };
+    let prompt_tokens =
+        if SeqSampling::needs_prompt_tokens(&req.sampling) { req.prompt.clone() } else { Vec::new() };
+    let keep_outputs = SeqSampling::needs_output_tokens(&req.sampling);
+    let mut sampling = SeqSampling { params: req.sampling.clone(), generated: 0, output_tokens: Vec::new(), prompt_tokens };
     let started = Instant::now();
     let chunk = req.prefill_chunk.max(1);
     let mut pos = 0;
@@ -114,7 +116,10 @@ fn generate_inner(
         if !on_token(&tok) {
             break FinishReason::Cancelled;
         }
-        sampling.output_tokens.push(tok.token);
+        sampling.generated += 1;
+        if keep_outputs {
+            sampling.output_tokens.push(tok.token);
+        }
         if generated >= req.max_tokens {
             break FinishReason::Length;
         }

@@ -66,7 +66,7 @@ impl ModelRunner {
 fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<SampledToken> {
     let mut params = s.params.clone();
     if let Some(seed) = params.seed {
-        params.seed = Some(mix(seed, s.output_tokens.len() as u64));
+        params.seed = Some(mix(seed, s.generated as u64));
     }
     let mut sampler = Sampler::new(params)?;
     Ok(sampler.sample(logits, &s.prompt_tokens, &s.output_tokens))

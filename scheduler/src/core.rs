@@ -13,20 +13,24 @@ use crate::config::SchedulerConfig;
 use crate::kv_cache::{KvCacheConfig, KvCacheManager};
 use crate::metrics::Metrics;
 use crate::output::StopReason;
-use crate::request::{FinishReason, GenerationEvent, GeneratedToken};
+use crate::request::{FinishReason, GenerationEvent, GenerationRequest, GeneratedToken};
 use crate::sequence::{RequestId, Sequence};
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling, StepOutput};
 use std::collections::VecDeque;
+use spindle_engine::tokenizer::Tokenizer;
 use std::sync::Arc;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// What one step scheduled: the batch and, per entry, (request, new tokens).
-pub(crate) struct Step {
+pub struct Step {
+    /// The batch for the engine.
     pub batch: ForwardBatch,
-    pub plan: Vec<(RequestId, usize)>,
+    pub(crate) plan: Vec<(RequestId, usize)>,
 }
 
-/// Scheduling state: the queues and the KV cache manager.
-pub(crate) struct Scheduler {
+/// Scheduling state: the queues and the KV cache manager. The step loop in
+/// [`crate::handle`] drives it; it is public for benchmarks and tests.
+pub struct Scheduler {
     config: SchedulerConfig,
     kv: KvCacheManager,
     waiting: VecDeque<Sequence>,
@@ -35,6 +39,7 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
+    /// An empty scheduler.
     pub fn new(config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
         let kv = KvCacheManager::new(KvCacheConfig {
             num_blocks: config.num_blocks,
@@ -44,15 +49,31 @@ impl Scheduler {
         Self { config, kv, waiting: VecDeque::new(), running: Vec::new(), metrics }
     }
 
+    /// Whether any request is waiting or running.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
-    pub fn add(&mut self, seq: Sequence) {
+    pub(crate) fn add(&mut self, seq: Sequence) {
         self.waiting.push_back(seq);
         self.publish_gauges();
     }
 
+    /// Queue a request directly (no admission limits; the handle checks those).
+    pub fn enqueue(
+        &mut self,
+        id: RequestId,
+        request: GenerationRequest,
+        tokenizer: Tokenizer,
+    ) -> UnboundedReceiver<GenerationEvent> {
+        let (tx, rx) = unbounded_channel();
+        let seq = Sequence::new(id, request, tokenizer, self.config.model_salt, tx);
+        self.metrics.try_enqueue(usize::MAX);
+        self.add(seq);
+        rx
+    }
+
+    /// The KV cache manager (for inspection).
     pub fn kv(&self) -> &KvCacheManager {
         &self.kv
     }
@@ -62,7 +83,9 @@ impl Scheduler {
         let mut budget = self.config.max_num_batched_tokens;
         let mut step = Step { batch: ForwardBatch::default(), plan: Vec::new() };
         let preempted = self.schedule_running(&mut budget, &mut step);
-        if !preempted {
+        // After a preemption only the requests just preempted may come back
+        // (they are at the front of the queue), and only if nothing else ran.
+        if !preempted || step.plan.is_empty() {
             self.admit_waiting(&mut budget, &mut step);
         }
         self.publish_gauges();
@@ -194,8 +217,17 @@ fn push_entry(step: &mut Step, seq: &Sequence, n: usize) {
     let start = seq.num_computed;
     let sampling = (start + n == seq.tokens.len()).then(|| SeqSampling {
         params: seq.sampling.clone(),
-        output_tokens: seq.output_tokens().to_vec(),
-        prompt_tokens: if seq.sampling.repetition_penalty != 1.0 { seq.tokens[..seq.prompt_len].to_vec() } else { Vec::new() },
+        generated: seq.output_tokens().len(),
+        output_tokens: if SeqSampling::needs_output_tokens(&seq.sampling) {
+            seq.output_tokens().to_vec()
+        } else {
+            Vec::new()
+        },
+        prompt_tokens: if SeqSampling::needs_prompt_tokens(&seq.sampling) {
+            seq.tokens[..seq.prompt_len].to_vec()
+        } else {
+            Vec::new()
+        },
     });
     step.batch.seqs.push(SeqInput {
         tokens: seq.tokens[start..start + n].to_vec(),

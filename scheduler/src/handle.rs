@@ -3,10 +3,9 @@
 
 use crate::config::SchedulerConfig;
 use crate::core::Scheduler;
-use crate::kv_cache::{KvUsage, SeqKv};
+use crate::kv_cache::KvUsage;
 use crate::metrics::Metrics;
-use crate::output::OutputProcessor;
-use crate::request::{GenerationEvent, GenerationRequest, Usage};
+use crate::request::{GenerationEvent, GenerationRequest};
 use crate::sequence::{RequestId, Sequence};
 use spindle_engine::batch::{ForwardBatch, StepOutput};
 use spindle_engine::runner::ModelRunner;
@@ -153,20 +152,7 @@ impl SchedulerHandle {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
-        let salt = cache_salt(self.config.model_salt, request.cache_salt.as_deref());
-        let seq = Sequence {
-            id,
-            prompt_len: request.prompt.len(),
-            usage: Usage { input_tokens: request.prompt.len(), ..Usage::default() },
-            tokens: request.prompt,
-            num_computed: 0,
-            kv: SeqKv::default(),
-            sampling: request.sampling,
-            output: OutputProcessor::new(self.tokenizer.clone(), request.stop),
-            salt,
-            events: tx,
-            started: false,
-        };
+        let seq = Sequence::new(id, request, self.tokenizer.clone(), self.config.model_salt, tx);
         if self.commands.send(Command::Submit(Box::new(seq))).is_err() {
             self.metrics.admitted();
             return Err(SubmitError::ShutDown);
@@ -211,14 +197,6 @@ impl SchedulerHandle {
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }
-}
-
-fn cache_salt(model_salt: u64, salt: Option<&str>) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ model_salt;
-    for b in salt.unwrap_or("").bytes().chain([0xff]) {
-        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 fn step_loop(mut scheduler: Scheduler, mut runner: impl StepRunner, rx: mpsc::Receiver<Command>, metrics: Arc<Metrics>) {

@@ -9,7 +9,7 @@
 //! dropping the stream aborts the request.
 
 pub mod config;
-mod core;
+pub mod core;
 pub mod handle;
 pub mod kv_cache;
 pub mod metrics;

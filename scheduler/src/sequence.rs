@@ -2,7 +2,8 @@
 
 use crate::kv_cache::SeqKv;
 use crate::output::OutputProcessor;
-use crate::request::{GenerationEvent, Usage};
+use crate::request::{GenerationEvent, GenerationRequest, Usage};
+use spindle_engine::tokenizer::Tokenizer;
 use spindle_engine::sampling::SamplingParams;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -28,6 +29,29 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
+    /// A fresh sequence for `request`, sending its events to `events`.
+    pub fn new(
+        id: RequestId,
+        request: GenerationRequest,
+        tokenizer: Tokenizer,
+        model_salt: u64,
+        events: UnboundedSender<GenerationEvent>,
+    ) -> Self {
+        Self {
+            id,
+            prompt_len: request.prompt.len(),
+            usage: Usage { input_tokens: request.prompt.len(), ..Usage::default() },
+            salt: cache_salt(model_salt, request.cache_salt.as_deref()),
+            tokens: request.prompt,
+            num_computed: 0,
+            kv: SeqKv::default(),
+            sampling: request.sampling,
+            output: OutputProcessor::new(tokenizer, request.stop),
+            events,
+            started: false,
+        }
+    }
+
     /// Tokens still to run through the model before the next sample.
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.num_computed
@@ -42,4 +66,13 @@ impl Sequence {
     pub fn send(&self, event: GenerationEvent) -> bool {
         self.events.send(event).is_ok()
     }
+}
+
+/// The prefix-cache key of a request: the model's salt and its own salt.
+fn cache_salt(model_salt: u64, salt: Option<&str>) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ model_salt;
+    for b in salt.unwrap_or("").bytes().chain([0xff]) {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }

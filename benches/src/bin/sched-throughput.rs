@@ -1,0 +1,92 @@
+//! Aggregate output tok/s of the scheduler with the real model at several
+//! concurrency levels (closed loop: each of C clients submits its next request
+//! when the previous one finishes). In-process, no HTTP.
+//!
+//! `cargo run --release -p spindle-benches --bin sched-throughput -- [levels] [requests-per-level] [output-len]`
+
+use spindle_engine::load::load_model;
+use spindle_engine::runner::ModelRunner;
+use spindle_engine::sampling::SamplingParams;
+use spindle_scheduler::output::StopConditions;
+use spindle_scheduler::{GenerationEvent, GenerationRequest, SchedulerConfig, SchedulerHandle};
+use std::time::Instant;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let levels: Vec<usize> =
+        args.get(1).map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or(vec![1, 4, 16, 64]);
+    let per_level: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let output_len: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let model = spindle_benches::smollm2_path().ok_or_else(|| anyhow::anyhow!("SmolLM2 not installed"))?;
+    let m = load_model(&model.to_string_lossy(), &mut |_, _| {})?;
+    let blocks = 2048;
+    let config = SchedulerConfig {
+        num_blocks: blocks,
+        max_num_seqs: 64,
+        max_num_batched_tokens: 512,
+        context_length: m.model.config().context_length,
+        ..SchedulerConfig::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..per_level * levels.len())
+        .map(|i| m.chat_prompt(&format!("Request {i}: write a short story about a lighthouse keeper.")))
+        .collect::<Result<_, _>>()?;
+    if let Some(path) = std::env::var_os("SPINDLE_DUMP_PROMPTS") {
+        // The same prompts, as token ids, for driving another server side by side.
+        std::fs::write(path, serde_json::to_string(&prompts)?)?;
+    }
+    let handle = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer);
+    println!("| concurrency | requests | output tok/s | mean tok/s per stream | wall s |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (li, &c) in levels.iter().enumerate() {
+        let work: Vec<Vec<u32>> = prompts[li * per_level..(li + 1) * per_level].to_vec();
+        let queue = std::sync::Mutex::new(work);
+        let start = Instant::now();
+        let totals: Vec<(usize, f64)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..c)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut tokens = 0;
+                        let mut rates = 0.0;
+                        while let Some(p) = queue.lock().ok().and_then(|mut q| q.pop()) {
+                            let (n, rate) = run_one(&handle, p, output_len);
+                            tokens += n;
+                            rates += rate;
+                        }
+                        (tokens, rates)
+                    })
+                })
+                .collect();
+            workers.into_iter().filter_map(|w| w.join().ok()).collect()
+        });
+        let wall = start.elapsed().as_secs_f64();
+        let tokens: usize = totals.iter().map(|t| t.0).sum();
+        let per_stream = totals.iter().map(|t| t.1).sum::<f64>() / per_level as f64;
+        println!("| {c} | {per_level} | {:.1} | {per_stream:.1} | {wall:.1} |", tokens as f64 / wall);
+    }
+    Ok(())
+}
+
+/// Run one request to the end: (output tokens, its own decode tok/s).
+fn run_one(handle: &SchedulerHandle, prompt: Vec<u32>, output_len: usize) -> (usize, f64) {
+    let request = GenerationRequest {
+        prompt,
+        sampling: SamplingParams::default(),
+        stop: StopConditions { max_tokens: output_len, ..StopConditions::default() },
+        cache_salt: None,
+    };
+    let Ok(mut stream) = handle.submit(request) else { return (0, 0.0) };
+    let mut first = None;
+    let mut n: usize = 0;
+    while let Some(ev) = stream.blocking_recv() {
+        match ev {
+            GenerationEvent::Delta { .. } => {
+                n += 1;
+                first.get_or_insert_with(Instant::now);
+            }
+            GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. } => break,
+            GenerationEvent::Started { .. } => {}
+        }
+    }
+    let rate = first.map_or(0.0, |f| (n.saturating_sub(1)) as f64 / f.elapsed().as_secs_f64().max(1e-9));
+    (n, rate)
+}

@@ -1,0 +1,2 @@
+//! Spindle's server: the Open Responses protocol over HTTP (JSON and SSE).
+pub mod store;

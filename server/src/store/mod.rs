@@ -1,0 +1,310 @@
+//! Stored responses: the persistence behind `store: true`, `previous_response_id`,
+//! `background: true`, GET/DELETE `/v1/responses/{id}`, `/cancel`, `/input_items` and
+//! stream replay (`GET ?stream=true&starting_after=N`).
+//!
+//! The store works on [`serde_json::Value`] (the response object, its input items and its stream
+//! events) so that it does not depend on the typed protocol layer. Two backends implement
+//! [`ResponseStore`]:
+//!
+//! - [`SqliteStore`]: embedded SQLite in WAL mode, the default (`--store-path`). Every write is one
+//!   transaction; a committed write survives `kill -9` of the daemon (see [`sqlite`]).
+//! - [`MemoryStore`]: a bounded in-process map, for deployments that never persist and for tests.
+//!
+//! Both keep the store bounded: a TTL ([`ResponseStore::expire`], called periodically by the
+//! server) and a size cap (rows and bytes) enforced on every [`ResponseStore::put`], evicting the
+//! oldest *finished* responses first and never a `queued`/`in_progress` one.
+
+pub mod memory;
+pub mod sqlite;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+/// How deep [`ResponseStore::chain`] follows `previous_response_id` links before giving up.
+pub const MAX_CHAIN_DEPTH: usize = 1000;
+
+/// Status a response has before the scheduler picks it up (background mode).
+pub const STATUS_QUEUED: &str = "queued";
+/// Status a response has while it is being generated.
+pub const STATUS_IN_PROGRESS: &str = "in_progress";
+/// Status set by [`ResponseStore::mark_unfinished_failed`] and on generation failure.
+pub const STATUS_FAILED: &str = "failed";
+
+/// Whether `status` means the response is still running (`queued` or `in_progress`).
+///
+/// Unfinished responses are never evicted by the size cap or expired by the TTL, and are the
+/// ones [`ResponseStore::mark_unfinished_failed`] fails at daemon start.
+pub fn is_unfinished_status(status: &str) -> bool {
+    status == STATUS_QUEUED || status == STATUS_IN_PROGRESS
+}
+
+/// The `error` object put on responses that were still running when the daemon stopped.
+///
+/// `{"code": "server_error", "message": "..."}` (the response object's `error` shape, digest §3).
+pub fn restart_error() -> Value {
+    serde_json::json!({
+        "code": "server_error",
+        "message": "The server restarted before this response finished; it was marked failed.",
+    })
+}
+
+/// Rewrites a stored response object to `status: "failed"` with [`restart_error`].
+///
+/// Used by both backends' [`ResponseStore::mark_unfinished_failed`]. Non-object values are left
+/// as they are.
+pub fn fail_for_restart(response: &mut Value) {
+    if let Some(obj) = response.as_object_mut() {
+        obj.insert("status".into(), Value::from(STATUS_FAILED));
+        obj.insert("error".into(), restart_error());
+    }
+}
+
+/// The terminal stream event appended to a failed-at-restart response's stored events, so that a
+/// replay (`GET ?stream=true`) ends with a terminal event instead of hanging.
+///
+/// `sequence_number` is `next_seq` (one past the last stored event).
+pub fn restart_failed_event(response: &Value, next_seq: u64) -> Value {
+    serde_json::json!({
+        "type": "response.failed",
+        "sequence_number": next_seq,
+        "response": response,
+    })
+}
+
+/// One stored response: the full response object plus what the endpoints need to find it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredResponse {
+    /// The response id (`resp_...`), the key.
+    pub id: String,
+    /// Creation time, unix seconds (the response object's `created_at`). TTL and eviction order.
+    pub created_at: i64,
+    /// `queued`, `in_progress`, `completed`, `failed`, `incomplete`, `cancelled`, ...
+    pub status: String,
+    /// The response this one continues, if any (`previous_response_id`).
+    pub previous_response_id: Option<String>,
+    /// Whether it was created with `background: true`.
+    pub background: bool,
+    /// The full response object (digest §3) as last written.
+    pub response: Value,
+    /// This turn's input items, normalized, each with an `id` (oldest first).
+    pub input_items: Vec<Value>,
+}
+
+impl StoredResponse {
+    /// Whether the response is still `queued` or `in_progress`.
+    pub fn is_unfinished(&self) -> bool {
+        is_unfinished_status(&self.status)
+    }
+}
+
+/// Listing order for [`ResponseStore::input_items`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// The order the items were given in.
+    Asc,
+    /// Newest first (the default of OpenAI's `GET /input_items`).
+    #[default]
+    Desc,
+}
+
+impl FromStr for Order {
+    type Err = StoreError;
+
+    /// Parses the `order` query parameter: `asc` or `desc`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "asc" => Ok(Order::Asc),
+            "desc" => Ok(Order::Desc),
+            other => Err(StoreError::Invalid(format!(
+                "order must be \"asc\" or \"desc\", got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Bounds of a store: nothing grows without limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// How long a response is kept after its `created_at` ([`ResponseStore::expire`]).
+    pub ttl: Duration,
+    /// Most responses kept; past it, `put` evicts the oldest finished ones.
+    pub max_responses: usize,
+    /// Most bytes kept (response JSON + input items + events); past it, `put` evicts the oldest
+    /// finished ones.
+    pub max_bytes: u64,
+}
+
+impl StoreConfig {
+    /// A config with the given TTL and row cap, and the default byte cap (1 GiB).
+    pub fn new(ttl: Duration, max_responses: usize) -> Self {
+        StoreConfig {
+            ttl,
+            max_responses,
+            ..StoreConfig::default()
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    /// 30 days, 10 000 responses, 1 GiB.
+    fn default() -> Self {
+        StoreConfig {
+            ttl: Duration::from_secs(30 * 24 * 3600),
+            max_responses: 10_000,
+            max_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Errors from a store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The SQLite library reported an error (I/O, locking, constraint, ...).
+    #[error("sqlite: {0}")]
+    Sqlite(String),
+    /// Stored data could not be decoded, or the schema is not one this build understands.
+    #[error("store is corrupt: {0}")]
+    Corrupt(String),
+    /// The operation needs a response that is not stored (e.g. `append_events`).
+    #[error("response {0} is not stored")]
+    NotFound(String),
+    /// A `previous_response_id` chain has a cycle or is deeper than [`MAX_CHAIN_DEPTH`].
+    #[error("previous_response_id chain: {0}")]
+    Chain(String),
+    /// A caller-supplied value is invalid (e.g. an unknown `order`).
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// A file-system operation around the database failed (e.g. creating its directory).
+    #[error("io: {0}")]
+    Io(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sqlite(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        StoreError::Corrupt(format!("bad JSON: {e}"))
+    }
+}
+
+/// A store of responses. Object safe: the server holds an `Arc<dyn ResponseStore>`.
+///
+/// Methods are synchronous. [`MemoryStore`] never blocks for long; [`SqliteStore`] does disk
+/// I/O (usually well under a millisecond per call with WAL, but a checkpoint or a busy database
+/// can take longer), so async code should call it through `tokio::task::spawn_blocking`.
+pub trait ResponseStore: Send + Sync {
+    /// Inserts or replaces a response (by `rec.id`): used at creation (`queued`/`in_progress`)
+    /// and again on completion. Replaces the input items; keeps stored events. Then enforces the
+    /// size cap, evicting the oldest finished responses (never `rec` itself, never an unfinished
+    /// one).
+    fn put(&self, rec: &StoredResponse) -> Result<(), StoreError>;
+
+    /// The stored response with this id, or `None`.
+    fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError>;
+
+    /// Deletes a response with its input items and events. `true` if it existed.
+    fn delete(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// A page of a response's input items (`None` if the response is not stored).
+    ///
+    /// `after` is an item id: the page starts just past it in the requested `order` (an unknown
+    /// id gives an empty page). At most `limit` items; ask for `limit + 1` to learn `has_more`.
+    fn input_items(
+        &self,
+        id: &str,
+        after: Option<&str>,
+        limit: usize,
+        order: Order,
+    ) -> Result<Option<Vec<Value>>, StoreError>;
+
+    /// Appends stream events to a stored response (for later replay). Each event is keyed by its
+    /// `sequence_number` when it has one (a repeated number replaces the earlier event), else by
+    /// one past the last stored event. `Err(NotFound)` if the response is not stored.
+    fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError>;
+
+    /// Stored events in sequence order, only those with `sequence_number > starting_after` when
+    /// given. `None` if the response is not stored.
+    fn events(&self, id: &str, starting_after: Option<u64>)
+        -> Result<Option<Vec<Value>>, StoreError>;
+
+    /// The conversation ending at `id`: follows `previous_response_id` back to the root and
+    /// returns the responses oldest first (`id` last).
+    ///
+    /// `Ok(None)` if `id` or any earlier link is not stored (map to 404
+    /// `previous_response_not_found`); `Err(Chain)` on a cycle or past [`MAX_CHAIN_DEPTH`].
+    fn chain(&self, id: &str) -> Result<Option<Vec<StoredResponse>>, StoreError>;
+
+    /// At daemon start: every `queued`/`in_progress` response becomes `failed` with
+    /// [`restart_error`] (column and response object). A response with stored events also gets a
+    /// terminal `response.failed` event ([`restart_failed_event`]). Returns how many changed.
+    fn mark_unfinished_failed(&self) -> Result<usize, StoreError>;
+
+    /// Deletes finished responses whose `created_at + ttl <= now` (unix seconds). Returns how many
+    /// were deleted. Call it periodically (e.g. once a minute) and at start.
+    fn expire(&self, now: i64) -> Result<usize, StoreError>;
+
+    /// How many responses are stored.
+    fn len(&self) -> Result<usize, StoreError>;
+
+    /// Whether the store holds no responses.
+    fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.len()? == 0)
+    }
+}
+
+/// Follows `previous_response_id` links from `id` using `get`, oldest first. Shared by the
+/// backends; `get` reads one record.
+pub(crate) fn follow_chain(
+    id: &str,
+    mut get: impl FnMut(&str) -> Result<Option<StoredResponse>, StoreError>,
+) -> Result<Option<Vec<StoredResponse>>, StoreError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let mut next = Some(id.to_owned());
+    while let Some(cur) = next {
+        if !seen.insert(cur.clone()) {
+            return Err(StoreError::Chain(format!("cycle at {cur}")));
+        }
+        if out.len() >= MAX_CHAIN_DEPTH {
+            return Err(StoreError::Chain(format!(
+                "deeper than {MAX_CHAIN_DEPTH} responses"
+            )));
+        }
+        let Some(rec) = get(&cur)? else {
+            return Ok(None);
+        };
+        next = rec.previous_response_id.clone();
+        out.push(rec);
+    }
+    out.reverse();
+    Ok(Some(out))
+}
+
+/// The event's `sequence_number`, if it has a non-negative integer one.
+pub(crate) fn event_seq(event: &Value) -> Option<u64> {
+    event.get("sequence_number").and_then(Value::as_u64)
+}
+
+/// Serialized size of a value (what the byte cap counts).
+pub(crate) fn json_len(v: &Value) -> u64 {
+    serde_json::to_string(v).map_or(0, |s| s.len() as u64)
+}
+
+/// The `id` of an input item, if it has a string one.
+pub(crate) fn item_id(item: &Value) -> Option<&str> {
+    item.get("id").and_then(Value::as_str)
+}
+
+/// TTL in whole seconds, saturating.
+pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,552 @@
+//! The SQLite backend of [`ResponseStore`](super::ResponseStore).
+//!
+//! # Durability
+//!
+//! The database runs in WAL journal mode with `synchronous=NORMAL`. Every mutating call is one
+//! `BEGIN IMMEDIATE` transaction; when it returns `Ok`, the commit record has been written to the
+//! WAL file with `write(2)`, so it is in the operating system's page cache. Killing the daemon
+//! (`kill -9`, abort, panic) therefore loses nothing that was committed: the next open replays
+//! the WAL. Only a power loss or kernel crash can lose the last few commits (never corrupt the
+//! database), because NORMAL syncs the WAL at checkpoints rather than at every commit. That is the
+//! trade-off we want for a cache of responses; `synchronous=FULL` would add an `fsync` per write.
+//!
+//! # Concurrency
+//!
+//! One connection behind a [`Mutex`]: calls are serialized. A poisoned lock is recovered, since an
+//! interrupted transaction is rolled back when it is dropped. Calls block on disk I/O; call them
+//! from async code through `tokio::task::spawn_blocking`.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+use serde_json::Value;
+
+use super::{
+    event_seq, fail_for_restart, follow_chain, item_id, restart_failed_event, ttl_secs, Order,
+    ResponseStore, StoreConfig, StoreError, StoredResponse, STATUS_FAILED,
+};
+
+/// The schema version this build writes and reads (the `schema_version` table).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Tables and indexes of [`SCHEMA_VERSION`] 1. `bytes` is the response JSON plus its input
+/// items; `event_bytes` is its stored events. Unfinished statuses are `queued`/`in_progress`.
+const SCHEMA_V1: &str = "
+CREATE TABLE responses (
+    id TEXT PRIMARY KEY NOT NULL,
+    created_at INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    previous_response_id TEXT,
+    background INTEGER NOT NULL,
+    response TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    event_bytes INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX responses_created_at ON responses(created_at);
+CREATE INDEX responses_status ON responses(status);
+CREATE TABLE input_items (
+    response_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    item_id TEXT,
+    item TEXT NOT NULL,
+    PRIMARY KEY (response_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX input_items_item_id ON input_items(response_id, item_id);
+CREATE TABLE events (
+    response_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (response_id, seq)
+) WITHOUT ROWID;
+";
+
+/// SQL condition selecting finished rows (the ones eviction and expiry may delete).
+const FINISHED: &str = "status NOT IN ('queued', 'in_progress')";
+
+/// Row and byte totals, kept in step with the database so the cap check needs no scan.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    rows: u64,
+    bytes: u64,
+}
+
+/// The connection and its totals, behind the store's mutex.
+struct Inner {
+    conn: Connection,
+    totals: Totals,
+}
+
+/// A [`ResponseStore`] in an SQLite database file (WAL mode). See the module docs for durability.
+pub struct SqliteStore {
+    inner: Mutex<Inner>,
+    config: StoreConfig,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed, with its parent directory) the database at `path`: WAL journal,
+    /// `synchronous=NORMAL`, 5 s busy timeout, schema created or checked against
+    /// [`SCHEMA_VERSION`] (`Err(Corrupt)` for a newer or unknown one).
+    pub fn open(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Io(format!("creating {}: {e}", dir.display())))?;
+        }
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Sqlite(format!(
+                "could not enable WAL journal mode on {} (got {mode})",
+                path.display()
+            )));
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        migrate(&mut conn)?;
+        let totals = compute_totals(&conn)?;
+        Ok(SqliteStore {
+            inner: Mutex::new(Inner { conn, totals }),
+            config,
+        })
+    }
+
+    /// The bounds this store enforces.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// Runs `PRAGMA integrity_check`; `Ok(())` when SQLite answers `ok`.
+    pub fn integrity_check(&self) -> Result<(), StoreError> {
+        let inner = self.lock();
+        let answer: String = inner
+            .conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+        if answer == "ok" {
+            Ok(())
+        } else {
+            Err(StoreError::Corrupt(answer))
+        }
+    }
+
+    /// Total bytes counted against [`StoreConfig::max_bytes`].
+    pub fn total_bytes(&self) -> u64 {
+        self.lock().totals.bytes
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` in an immediate transaction, commits, then recomputes the totals.
+    fn write_recount<T>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut inner = self.lock();
+        let tx = inner
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out = f(&tx)?;
+        tx.commit()?;
+        inner.totals = compute_totals(&inner.conn)?;
+        Ok(out)
+    }
+}
+
+/// Creates the schema in a fresh database, or checks the version of an existing one.
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);")?;
+    let version: Option<i64> =
+        tx.query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))?;
+    match version {
+        None => {
+            tx.execute_batch(SCHEMA_V1)?;
+            tx.execute(
+                "INSERT INTO schema_version (version) VALUES (?1)",
+                [SCHEMA_VERSION],
+            )?;
+        }
+        Some(SCHEMA_VERSION) => {}
+        Some(other) => {
+            return Err(StoreError::Corrupt(format!(
+                "database schema version {other}; this build knows {SCHEMA_VERSION}"
+            )))
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+fn compute_totals(conn: &Connection) -> Result<Totals, StoreError> {
+    let (rows, bytes): (i64, i64) = conn.query_row(
+        "SELECT COUNT(*), COALESCE(SUM(bytes + event_bytes), 0) FROM responses",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(Totals {
+        rows: u64::try_from(rows).unwrap_or(0),
+        bytes: u64::try_from(bytes).unwrap_or(0),
+    })
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+fn exists(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+    let found = conn
+        .prepare_cached("SELECT 1 FROM responses WHERE id = ?1")?
+        .query_row([id], |_| Ok(()))
+        .optional()?;
+    Ok(found.is_some())
+}
+
+/// Deletes one response and everything hanging off it. `true` if the response row existed.
+fn delete_rows(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+    conn.prepare_cached("DELETE FROM input_items WHERE response_id = ?1")?
+        .execute([id])?;
+    conn.prepare_cached("DELETE FROM events WHERE response_id = ?1")?
+        .execute([id])?;
+    let n = conn
+        .prepare_cached("DELETE FROM responses WHERE id = ?1")?
+        .execute([id])?;
+    Ok(n > 0)
+}
+
+/// Reads one full record (response, input items) or `None`.
+fn read_record(conn: &Connection, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+    let row = conn
+        .prepare_cached(
+            "SELECT created_at, status, previous_response_id, background, response
+             FROM responses WHERE id = ?1",
+        )?
+        .query_row([id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, bool>(3)?,
+                r.get::<_, String>(4)?,
+            ))
+        })
+        .optional()?;
+    let Some((created_at, status, previous_response_id, background, response)) = row else {
+        return Ok(None);
+    };
+    let mut stmt =
+        conn.prepare_cached("SELECT item FROM input_items WHERE response_id = ?1 ORDER BY seq")?;
+    let texts = stmt
+        .query_map([id], |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let input_items = texts
+        .iter()
+        .map(|t| serde_json::from_str(t))
+        .collect::<Result<Vec<Value>, _>>()?;
+    Ok(Some(StoredResponse {
+        id: id.to_owned(),
+        created_at,
+        status,
+        previous_response_id,
+        background,
+        response: serde_json::from_str(&response)?,
+        input_items,
+    }))
+}
+
+/// Deletes the oldest finished responses (never `keep`) until `totals` fit the config.
+/// Returns the totals after eviction.
+fn evict(
+    tx: &Transaction<'_>,
+    keep: &str,
+    mut totals: Totals,
+    config: &StoreConfig,
+) -> Result<Totals, StoreError> {
+    let max_rows = u64::try_from(config.max_responses).unwrap_or(u64::MAX);
+    let over = |t: &Totals| t.rows > max_rows || t.bytes > config.max_bytes;
+    if !over(&totals) {
+        return Ok(totals);
+    }
+    let mut victims = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(&format!(
+            "SELECT id, bytes + event_bytes FROM responses
+             WHERE {FINISHED} AND id <> ?1 ORDER BY created_at, rowid"
+        ))?;
+        let mut rows = stmt.query([keep])?;
+        while over(&totals) {
+            let Some(row) = rows.next()? else { break };
+            let bytes: i64 = row.get(1)?;
+            victims.push(row.get::<_, String>(0)?);
+            totals.rows = totals.rows.saturating_sub(1);
+            totals.bytes = totals.bytes.saturating_sub(to_u64(bytes));
+        }
+    }
+    for id in &victims {
+        delete_rows(tx, id)?;
+    }
+    Ok(totals)
+}
+
+/// Appends `events` to `id` inside `tx`; returns the bytes added (net of replaced events).
+fn insert_events(tx: &Transaction<'_>, id: &str, events: &[Value]) -> Result<i64, StoreError> {
+    let mut next: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE response_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    let mut old_len = tx.prepare_cached(
+        "SELECT length(CAST(event AS BLOB)) FROM events WHERE response_id = ?1 AND seq = ?2",
+    )?;
+    let mut insert = tx.prepare_cached(
+        "INSERT OR REPLACE INTO events (response_id, seq, event) VALUES (?1, ?2, ?3)",
+    )?;
+    let mut added: i64 = 0;
+    for event in events {
+        let seq = event_seq(event).map_or(next, to_i64);
+        let text = serde_json::to_string(event)?;
+        let replaced: Option<i64> = old_len
+            .query_row(params![id, seq], |r| r.get(0))
+            .optional()?;
+        insert.execute(params![id, seq, text])?;
+        added += i64::try_from(text.len()).unwrap_or(i64::MAX) - replaced.unwrap_or(0);
+        next = next.max(seq.saturating_add(1));
+    }
+    tx.prepare_cached("UPDATE responses SET event_bytes = event_bytes + ?2 WHERE id = ?1")?
+        .execute(params![id, added])?;
+    Ok(added)
+}
+
+/// Fails one unfinished response for the restart (row, object, terminal event if it has events).
+fn fail_one(tx: &Transaction<'_>, id: &str, response_text: &str) -> Result<(), StoreError> {
+    let mut response: Value = serde_json::from_str(response_text)?;
+    fail_for_restart(&mut response);
+    let new_text = serde_json::to_string(&response)?;
+    let delta = i64::try_from(new_text.len()).unwrap_or(i64::MAX)
+        - i64::try_from(response_text.len()).unwrap_or(i64::MAX);
+    tx.prepare_cached(
+        "UPDATE responses SET status = ?2, response = ?3, bytes = bytes + ?4 WHERE id = ?1",
+    )?
+    .execute(params![id, STATUS_FAILED, new_text, delta])?;
+    let last: Option<i64> = tx
+        .prepare_cached("SELECT MAX(seq) FROM events WHERE response_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    if let Some(last) = last {
+        let event = restart_failed_event(&response, to_u64(last.saturating_add(1)));
+        insert_events(tx, id, &[event])?;
+    }
+    Ok(())
+}
+
+impl ResponseStore for SqliteStore {
+    fn put(&self, rec: &StoredResponse) -> Result<(), StoreError> {
+        let response = serde_json::to_string(&rec.response)?;
+        let items = rec
+            .input_items
+            .iter()
+            .map(|item| Ok((item_id(item), serde_json::to_string(item)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let bytes = response.len() as u64 + items.iter().map(|(_, t)| t.len() as u64).sum::<u64>();
+        let mut inner = self.lock();
+        let Inner { conn, totals } = &mut *inner;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let old: Option<(i64, i64)> = tx
+            .prepare_cached("SELECT bytes, event_bytes FROM responses WHERE id = ?1")?
+            .query_row([&rec.id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        tx.prepare_cached(
+            "INSERT INTO responses
+                 (id, created_at, status, previous_response_id, background, response, bytes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT(id) DO UPDATE SET
+                 created_at = excluded.created_at, status = excluded.status,
+                 previous_response_id = excluded.previous_response_id,
+                 background = excluded.background, response = excluded.response,
+                 bytes = excluded.bytes",
+        )?
+        .execute(params![
+            rec.id,
+            rec.created_at,
+            rec.status,
+            rec.previous_response_id,
+            rec.background,
+            response,
+            to_i64(bytes)
+        ])?;
+        tx.prepare_cached("DELETE FROM input_items WHERE response_id = ?1")?
+            .execute([&rec.id])?;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO input_items (response_id, seq, item_id, item) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for (seq, (item_id, text)) in items.iter().enumerate() {
+                insert.execute(params![rec.id, to_i64(seq as u64), item_id, text])?;
+            }
+        }
+        let mut after = *totals;
+        match old {
+            Some((old_bytes, _)) => {
+                after.bytes = (after.bytes + bytes).saturating_sub(to_u64(old_bytes));
+            }
+            None => {
+                after.rows += 1;
+                after.bytes += bytes;
+            }
+        }
+        let after = evict(&tx, &rec.id, after, &self.config)?;
+        tx.commit()?;
+        *totals = after;
+        Ok(())
+    }
+
+    fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+        read_record(&self.lock().conn, id)
+    }
+
+    fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        self.write_recount(|tx| delete_rows(tx, id))
+    }
+
+    fn input_items(
+        &self,
+        id: &str,
+        after: Option<&str>,
+        limit: usize,
+        order: Order,
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        let inner = self.lock();
+        let conn = &inner.conn;
+        if !exists(conn, id)? {
+            return Ok(None);
+        }
+        let cursor: Option<i64> = match after {
+            None => None,
+            Some(item) => {
+                let seq = conn
+                    .prepare_cached(
+                        "SELECT MIN(seq) FROM input_items WHERE response_id = ?1 AND item_id = ?2",
+                    )?
+                    .query_row([id, item], |r| r.get::<_, Option<i64>>(0))?;
+                match seq {
+                    Some(seq) => Some(seq),
+                    None => return Ok(Some(Vec::new())),
+                }
+            }
+        };
+        let limit = to_i64(limit as u64);
+        let texts = match order {
+            Order::Asc => conn
+                .prepare_cached(
+                    "SELECT item FROM input_items WHERE response_id = ?1 AND seq > ?2
+                     ORDER BY seq ASC LIMIT ?3",
+                )?
+                .query_map(params![id, cursor.unwrap_or(-1), limit], |r| r.get(0))?
+                .collect::<Result<Vec<String>, _>>()?,
+            Order::Desc => conn
+                .prepare_cached(
+                    "SELECT item FROM input_items WHERE response_id = ?1 AND seq < ?2
+                     ORDER BY seq DESC LIMIT ?3",
+                )?
+                .query_map(params![id, cursor.unwrap_or(i64::MAX), limit], |r| r.get(0))?
+                .collect::<Result<Vec<String>, _>>()?,
+        };
+        let items = texts
+            .iter()
+            .map(|t| serde_json::from_str(t))
+            .collect::<Result<Vec<Value>, _>>()?;
+        Ok(Some(items))
+    }
+
+    fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let Inner { conn, totals } = &mut *inner;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if !exists(&tx, id)? {
+            return Err(StoreError::NotFound(id.to_owned()));
+        }
+        let added = insert_events(&tx, id, events)?;
+        tx.commit()?;
+        totals.bytes = to_u64(to_i64(totals.bytes).saturating_add(added));
+        Ok(())
+    }
+
+    fn events(
+        &self,
+        id: &str,
+        starting_after: Option<u64>,
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        let inner = self.lock();
+        let conn = &inner.conn;
+        if !exists(conn, id)? {
+            return Ok(None);
+        }
+        let from = starting_after.map_or(-1, to_i64);
+        let texts = conn
+            .prepare_cached(
+                "SELECT event FROM events WHERE response_id = ?1 AND seq > ?2 ORDER BY seq",
+            )?
+            .query_map(params![id, from], |r| r.get(0))?
+            .collect::<Result<Vec<String>, _>>()?;
+        let events = texts
+            .iter()
+            .map(|t| serde_json::from_str(t))
+            .collect::<Result<Vec<Value>, _>>()?;
+        Ok(Some(events))
+    }
+
+    fn chain(&self, id: &str) -> Result<Option<Vec<StoredResponse>>, StoreError> {
+        let inner = self.lock();
+        follow_chain(id, |cur| read_record(&inner.conn, cur))
+    }
+
+    fn mark_unfinished_failed(&self) -> Result<usize, StoreError> {
+        self.write_recount(|tx| {
+            let unfinished = tx
+                .prepare_cached(
+                    "SELECT id, response FROM responses
+                     WHERE status IN ('queued', 'in_progress')",
+                )?
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            for (id, text) in &unfinished {
+                fail_one(tx, id, text)?;
+            }
+            Ok(unfinished.len())
+        })
+    }
+
+    fn expire(&self, now: i64) -> Result<usize, StoreError> {
+        let cutoff = now.saturating_sub(ttl_secs(self.config.ttl));
+        self.write_recount(|tx| {
+            let doomed = format!("SELECT id FROM responses WHERE created_at <= ?1 AND {FINISHED}");
+            tx.prepare_cached(&format!(
+                "DELETE FROM input_items WHERE response_id IN ({doomed})"
+            ))?
+            .execute([cutoff])?;
+            tx.prepare_cached(&format!("DELETE FROM events WHERE response_id IN ({doomed})"))?
+                .execute([cutoff])?;
+            let n = tx
+                .prepare_cached(&format!(
+                    "DELETE FROM responses WHERE created_at <= ?1 AND {FINISHED}"
+                ))?
+                .execute([cutoff])?;
+            Ok(n)
+        })
+    }
+
+    fn len(&self) -> Result<usize, StoreError> {
+        Ok(usize::try_from(self.lock().totals.rows).unwrap_or(usize::MAX))
+    }
+}
