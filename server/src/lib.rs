@@ -1,2 +1,4 @@
 //! Spindle's server: the Open Responses protocol over HTTP (JSON and SSE).
+pub mod app;
 pub mod store;
+pub mod protocol;

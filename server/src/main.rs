@@ -1,5 +1,4 @@
-//! The `spindle` command line: `generate` and `models` (the daemon's `serve`
-//! arrives with the server issue).
+//! The `spindle` command line: `serve`, `generate`, `models`.
 
 mod cli;
 
@@ -15,6 +14,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the model over Open Responses (HTTP JSON and SSE).
+    Serve(cli::serve::ServeArgs),
     /// Generate text from a prompt, streamed to stdout.
     Generate(cli::generate::GenerateArgs),
     /// List the models in the model cache.
@@ -22,8 +23,15 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => cli::serve::run(args),
         Command::Generate(args) => cli::generate::run(args),
         Command::Models => cli::models::run(),
     };

@@ -111,7 +111,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn load_with_bar(model: &str) -> anyhow::Result<LoadedModel> {
+/// Load a model with a progress bar on stderr.
+pub fn load_with_bar(model: &str) -> anyhow::Result<LoadedModel> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")

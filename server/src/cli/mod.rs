@@ -2,6 +2,7 @@
 
 pub mod generate;
 pub mod models;
+pub mod serve;
 
 /// Size rayon's global pool (`--threads`, default: all cores).
 pub fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {

@@ -145,7 +145,10 @@ pub struct TextConfig {
 
 impl Default for TextConfig {
     fn default() -> Self {
-        Self { format: TextFormat::Text, verbosity: None }
+        Self {
+            format: TextFormat::Text,
+            verbosity: None,
+        }
     }
 }
 

@@ -139,7 +139,14 @@ pub struct ResponseError {
 impl ApiError {
     /// A general error with no code, param or retry hint.
     pub fn new(status: u16, kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { status, kind, code: None, message: message.into(), param: None, retry_after: None }
+        Self {
+            status,
+            kind,
+            code: None,
+            message: message.into(),
+            param: None,
+            retry_after: None,
+        }
     }
 
     /// Sets `code`.
@@ -165,7 +172,9 @@ impl ApiError {
         code: &str,
         message: impl Into<String>,
     ) -> Self {
-        Self::new(400, ErrorKind::InvalidRequest, message).with_code(code).with_param(param)
+        Self::new(400, ErrorKind::InvalidRequest, message)
+            .with_code(code)
+            .with_param(param)
     }
 
     /// 400: the body is not JSON (`detail` is the parser's message).
@@ -191,9 +200,13 @@ impl ApiError {
 
     /// 404 `previous_response_not_found` for `id`.
     pub fn previous_response_not_found(id: &str) -> Self {
-        Self::new(404, ErrorKind::NotFound, format!("Previous response with id '{id}' not found."))
-            .with_code(codes::PREVIOUS_RESPONSE_NOT_FOUND)
-            .with_param("previous_response_id")
+        Self::new(
+            404,
+            ErrorKind::NotFound,
+            format!("Previous response with id '{id}' not found."),
+        )
+        .with_code(codes::PREVIOUS_RESPONSE_NOT_FOUND)
+        .with_param("previous_response_id")
     }
 
     /// 400 `context_length_exceeded`: `tokens` do not fit in `limit`.
@@ -288,7 +301,10 @@ impl ApiError {
     /// A failed response's `error` (`code` falls back to the `type`).
     pub fn to_response_error(&self) -> ResponseError {
         ResponseError {
-            code: self.code.clone().unwrap_or_else(|| self.kind.as_str().to_owned()),
+            code: self
+                .code
+                .clone()
+                .unwrap_or_else(|| self.kind.as_str().to_owned()),
             message: self.message.clone(),
         }
     }

@@ -283,7 +283,11 @@ pub fn parse_input(value: &Value, max_items: usize) -> Result<Vec<InputItem>, Ap
                     ),
                 ));
             }
-            items.iter().enumerate().map(|(i, v)| parse_item(v, &index_path("input", i))).collect()
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| parse_item(v, &index_path("input", i)))
+                .collect()
         }
         other => Err(wrong_type("input", "a string or an array of items", other)),
     }
@@ -307,12 +311,15 @@ pub fn parse_item(value: &Value, path: &str) -> Result<InputItem, ApiError> {
             id: o.opt_string("id", 0, usize::MAX)?,
             encrypted_content: o.req_string("encrypted_content", 0, MAX_TEXT_CHARS)?,
         })),
-        "item_reference" => {
-            Ok(InputItem::ItemReference(ItemReference { id: o.req_string("id", 1, usize::MAX)? }))
-        }
+        "item_reference" => Ok(InputItem::ItemReference(ItemReference {
+            id: o.req_string("id", 1, usize::MAX)?,
+        })),
         other => {
             let path = o.path_of("type");
-            Err(ApiError::invalid(&path, format!("Invalid value for '{path}': unknown item type '{other}'.")))
+            Err(ApiError::invalid(
+                &path,
+                format!("Invalid value for '{path}': unknown item type '{other}'."),
+            ))
         }
     }
 }
@@ -335,7 +342,13 @@ fn parse_message(o: &Obj<'_>) -> Result<InputMessage, ApiError> {
     };
     let phase = o
         .opt_enum("phase", &["commentary", "final_answer"])?
-        .map(|i| if i == 0 { Phase::Commentary } else { Phase::FinalAnswer });
+        .map(|i| {
+            if i == 0 {
+                Phase::Commentary
+            } else {
+                Phase::FinalAnswer
+            }
+        });
     Ok(InputMessage {
         id: o.opt_string("id", 0, usize::MAX)?,
         role,
@@ -346,22 +359,38 @@ fn parse_message(o: &Obj<'_>) -> Result<InputMessage, ApiError> {
 }
 
 fn parse_parts(parts: &[Value], path: &str) -> Result<Vec<InputContent>, ApiError> {
-    parts.iter().enumerate().map(|(i, v)| parse_part(v, &index_path(path, i))).collect()
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, v)| parse_part(v, &index_path(path, i)))
+        .collect()
 }
 
 /// Parses one content part at `path`.
 fn parse_part(value: &Value, path: &str) -> Result<InputContent, ApiError> {
-    const TYPES: [&str; 6] =
-        ["input_text", "output_text", "refusal", "input_image", "input_file", "input_video"];
+    const TYPES: [&str; 6] = [
+        "input_text",
+        "output_text",
+        "refusal",
+        "input_image",
+        "input_file",
+        "input_video",
+    ];
     let o = Obj::new(value, path)?;
-    let kind = o.opt_enum("type", &TYPES)?.ok_or_else(|| missing(&o.path_of("type")))?;
+    let kind = o
+        .opt_enum("type", &TYPES)?
+        .ok_or_else(|| missing(&o.path_of("type")))?;
     Ok(match TYPES[kind] {
-        "input_text" => InputContent::InputText { text: o.req_string("text", 0, MAX_TEXT_CHARS)? },
+        "input_text" => InputContent::InputText {
+            text: o.req_string("text", 0, MAX_TEXT_CHARS)?,
+        },
         "output_text" => InputContent::OutputText {
             text: o.req_string("text", 0, MAX_TEXT_CHARS)?,
             annotations: o.opt_array("annotations")?.cloned().unwrap_or_default(),
         },
-        "refusal" => InputContent::Refusal { refusal: o.req_string("refusal", 0, MAX_TEXT_CHARS)? },
+        "refusal" => InputContent::Refusal {
+            refusal: o.req_string("refusal", 0, MAX_TEXT_CHARS)?,
+        },
         "input_image" => {
             if let Some(i) = o.opt_str("detail")? {
                 enum_index(&o.path_of("detail"), i, &["low", "high", "auto"])?;
@@ -376,13 +405,18 @@ fn parse_part(value: &Value, path: &str) -> Result<InputContent, ApiError> {
             file_data: o.opt_string("file_data", 0, MAX_FILE_DATA_CHARS)?,
             file_url: o.opt_string("file_url", 0, usize::MAX)?,
         },
-        _ => InputContent::InputVideo { video_url: o.req_string("video_url", 0, usize::MAX)? },
+        _ => InputContent::InputVideo {
+            video_url: o.req_string("video_url", 0, usize::MAX)?,
+        },
     })
 }
 
 /// Whether `name` matches `^[a-zA-Z0-9_-]+$`.
 pub(crate) fn is_valid_name(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// A function name at `key` of `o`: 1–64 characters of `[a-zA-Z0-9_-]`.
@@ -433,7 +467,11 @@ fn parse_reasoning(o: &Obj<'_>) -> Result<ReasoningInput, ApiError> {
         None => return Err(missing(&o.path_of("summary"))),
     };
     let content = match o.opt_array("content")? {
-        Some(parts) => Some(parse_text_parts(parts, &o.path_of("content"), "reasoning_text")?),
+        Some(parts) => Some(parse_text_parts(
+            parts,
+            &o.path_of("content"),
+            "reasoning_text",
+        )?),
         None => None,
     };
     Ok(ReasoningInput {
@@ -452,7 +490,10 @@ fn parse_text_parts(parts: &[Value], path: &str, kind: &str) -> Result<Vec<TextP
         if found.is_none() {
             return Err(missing(&o.path_of("type")));
         }
-        out.push(TextPart { kind: kind.to_owned(), text: o.req_string("text", 0, MAX_TEXT_CHARS)? });
+        out.push(TextPart {
+            kind: kind.to_owned(),
+            text: o.req_string("text", 0, MAX_TEXT_CHARS)?,
+        });
     }
     Ok(out)
 }

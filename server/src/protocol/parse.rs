@@ -22,7 +22,10 @@ pub(crate) fn wrong_type(path: &str, expected: &str, got: &Value) -> ApiError {
     ApiError::invalid_with_code(
         path,
         codes::INVALID_TYPE,
-        format!("Invalid type for '{path}': expected {expected}, but got {} instead.", type_name(got)),
+        format!(
+            "Invalid type for '{path}': expected {expected}, but got {} instead.",
+            type_name(got)
+        ),
     )
 }
 
@@ -69,11 +72,17 @@ impl<'a> Obj<'a> {
     /// `value` as an object at `path` (`""` for the body).
     pub(crate) fn new(value: &'a Value, path: &str) -> Result<Self, ApiError> {
         match value {
-            Value::Object(map) => Ok(Self { map, path: path.to_owned() }),
+            Value::Object(map) => Ok(Self {
+                map,
+                path: path.to_owned(),
+            }),
             other if path.is_empty() => Err(ApiError::invalid_with_code(
                 "",
                 codes::INVALID_TYPE,
-                format!("The request body must be a JSON object, not {}.", type_name(other)),
+                format!(
+                    "The request body must be a JSON object, not {}.",
+                    type_name(other)
+                ),
             )
             .without_param()),
             other => Err(wrong_type(path, "an object", other)),
@@ -87,11 +96,6 @@ impl<'a> Obj<'a> {
         } else {
             format!("{}.{key}", self.path)
         }
-    }
-
-    /// This object's own path.
-    pub(crate) fn path(&self) -> &str {
-        &self.path
     }
 
     /// The raw map.
@@ -120,14 +124,17 @@ impl<'a> Obj<'a> {
         min: usize,
         max: usize,
     ) -> Result<Option<String>, ApiError> {
-        let Some(s) = self.opt_str(key)? else { return Ok(None) };
+        let Some(s) = self.opt_str(key)? else {
+            return Ok(None);
+        };
         check_len(&self.path_of(key), s, min, max)?;
         Ok(Some(s.to_owned()))
     }
 
     /// A required string of `min..=max` characters, owned.
     pub(crate) fn req_string(&self, key: &str, min: usize, max: usize) -> Result<String, ApiError> {
-        self.opt_string(key, min, max)?.ok_or_else(|| missing(&self.path_of(key)))
+        self.opt_string(key, min, max)?
+            .ok_or_else(|| missing(&self.path_of(key)))
     }
 
     /// An optional boolean.
@@ -201,12 +208,16 @@ impl<'a> Obj<'a> {
 
     /// An optional nested object.
     pub(crate) fn opt_obj(&self, key: &str) -> Result<Option<Obj<'a>>, ApiError> {
-        self.get(key).map(|v| Obj::new(v, &self.path_of(key))).transpose()
+        self.get(key)
+            .map(|v| Obj::new(v, &self.path_of(key)))
+            .transpose()
     }
 
     /// An optional string that must be one of `allowed`; returns the index.
     pub(crate) fn opt_enum(&self, key: &str, allowed: &[&str]) -> Result<Option<usize>, ApiError> {
-        let Some(s) = self.opt_str(key)? else { return Ok(None) };
+        let Some(s) = self.opt_str(key)? else {
+            return Ok(None);
+        };
         enum_index(&self.path_of(key), s, allowed).map(Some)
     }
 }
@@ -214,7 +225,11 @@ impl<'a> Obj<'a> {
 /// The index of `s` in `allowed`, or 400 `invalid_value` at `path`.
 pub(crate) fn enum_index(path: &str, s: &str, allowed: &[&str]) -> Result<usize, ApiError> {
     allowed.iter().position(|a| *a == s).ok_or_else(|| {
-        let list = allowed.iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(", ");
+        let list = allowed
+            .iter()
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
         ApiError::invalid(
             path,
             format!("Invalid value for '{path}': '{s}'. Supported values are: {list}."),
@@ -227,5 +242,59 @@ impl ApiError {
     pub(crate) fn without_param(mut self) -> Self {
         self.param = None;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lengths_count_characters_not_bytes() {
+        assert!(check_len("p", "ééé", 1, 3).is_ok());
+        let e = check_len("p", "éééé", 1, 3).unwrap_err();
+        assert_eq!(e.code.as_deref(), Some(codes::STRING_ABOVE_MAX_LENGTH));
+        let e = check_len("p", "", 1, 3).unwrap_err();
+        assert_eq!(e.code.as_deref(), Some(codes::EMPTY_STRING));
+    }
+
+    #[test]
+    fn integers_reject_fractions_and_clamp_huge_values() {
+        let v = json!({"a": 16.5, "b": 18446744073709551615u64, "c": -1, "d": 7});
+        let o = Obj::new(&v, "").unwrap();
+        assert_eq!(
+            o.opt_int("a", 0, 10).unwrap_err().code.as_deref(),
+            Some(codes::INVALID_TYPE)
+        );
+        let e = o.opt_int("b", 0, 10).unwrap_err();
+        assert_eq!(e.code.as_deref(), Some(codes::INTEGER_ABOVE_MAX_VALUE));
+        let e = o.opt_int("c", 0, 10).unwrap_err();
+        assert_eq!(e.code.as_deref(), Some(codes::INTEGER_BELOW_MIN_VALUE));
+        assert_eq!(o.opt_int("d", 0, 10).unwrap(), Some(7));
+        assert_eq!(o.opt_int("missing", 0, 10).unwrap(), None);
+    }
+
+    #[test]
+    fn nested_paths_and_enums() {
+        let v = json!({"text": {"format": {"type": "xml"}}});
+        let o = Obj::new(&v, "").unwrap();
+        let f = o
+            .opt_obj("text")
+            .unwrap()
+            .unwrap()
+            .opt_obj("format")
+            .unwrap()
+            .unwrap();
+        let e = f.opt_enum("type", &["text", "json_schema"]).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("text.format.type"));
+        assert!(e.message.contains("'text', 'json_schema'"), "{}", e.message);
+        assert_eq!(index_path("input", 2), "input[2]");
+        let e = Obj::new(&json!(3), "").err().unwrap();
+        assert_eq!(
+            (e.param, e.code.as_deref()),
+            (None, Some(codes::INVALID_TYPE))
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! The in-memory backend of [`ResponseStore`](super::ResponseStore): a bounded map behind a
+//! The in-memory backend of [`ResponseStore`]: a bounded map behind a
 //! mutex. Nothing survives the process; for deployments that never persist and for tests.
 //!
 //! Same semantics as [`SqliteStore`](super::SqliteStore), including the TTL and the size cap.

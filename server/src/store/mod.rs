@@ -233,8 +233,11 @@ pub trait ResponseStore: Send + Sync {
 
     /// Stored events in sequence order, only those with `sequence_number > starting_after` when
     /// given. `None` if the response is not stored.
-    fn events(&self, id: &str, starting_after: Option<u64>)
-        -> Result<Option<Vec<Value>>, StoreError>;
+    fn events(
+        &self,
+        id: &str,
+        starting_after: Option<u64>,
+    ) -> Result<Option<Vec<Value>>, StoreError>;
 
     /// The conversation ending at `id`: follows `previous_response_id` back to the root and
     /// returns the responses oldest first (`id` last).

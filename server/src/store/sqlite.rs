@@ -1,4 +1,4 @@
-//! The SQLite backend of [`ResponseStore`](super::ResponseStore).
+//! The SQLite backend of [`ResponseStore`].
 //!
 //! # Durability
 //!
@@ -12,7 +12,10 @@
 //!
 //! # Concurrency
 //!
-//! One connection behind a [`Mutex`]: calls are serialized. A poisoned lock is recovered, since an
+//! One connection behind a [`Mutex`]: calls are serialized. The connection uses
+//! `locking_mode=EXCLUSIVE`, so one `SqliteStore` owns the file while it is open (a second
+//! daemon on the same `--store-path` fails to open it rather than failing the first one's
+//! running responses); the lock dies with the process, so a restart after `kill -9` opens fine. A poisoned lock is recovered, since an
 //! interrupted transaction is rolled back when it is dropped. Calls block on disk I/O; call them
 //! from async code through `tokio::task::spawn_blocking`.
 
@@ -62,6 +65,9 @@ CREATE TABLE events (
 ) WITHOUT ROWID;
 ";
 
+/// How long to wait for the file lock (only another process can hold it).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// SQL condition selecting finished rows (the ones eviction and expiry may delete).
 const FINISHED: &str = "status NOT IN ('queued', 'in_progress')";
 
@@ -94,8 +100,12 @@ impl std::fmt::Debug for SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if needed, with its parent directory) the database at `path`: WAL journal,
-    /// `synchronous=NORMAL`, 5 s busy timeout, schema created or checked against
+    /// `synchronous=NORMAL`, exclusive locking, schema created or checked against
     /// [`SCHEMA_VERSION`] (`Err(Corrupt)` for a newer or unknown one).
+    ///
+    /// The store holds the file's lock until it is dropped: a second `SqliteStore` (in this or
+    /// another process) on the same file gets `Err(Sqlite)` after a short wait. One owner is what
+    /// makes [`ResponseStore::mark_unfinished_failed`] at start safe and the cached totals exact.
     pub fn open(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, StoreError> {
         let path = path.as_ref();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -103,16 +113,16 @@ impl SqliteStore {
                 .map_err(|e| StoreError::Io(format!("creating {}: {e}", dir.display())))?;
         }
         let mut conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Sqlite(format!(
-                "could not enable WAL journal mode on {} (got {mode})",
-                path.display()
-            )));
-        }
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        migrate(&mut conn)?;
+        init(&mut conn).map_err(|e| match e {
+            StoreError::Sqlite(m) if m.contains("locked") || m.contains("busy") => {
+                StoreError::Sqlite(format!(
+                    "{}: {m} (is another spindle using this store?)",
+                    path.display()
+                ))
+            }
+            StoreError::Sqlite(m) => StoreError::Sqlite(format!("{}: {m}", path.display())),
+            other => other,
+        })?;
         let totals = compute_totals(&conn)?;
         Ok(SqliteStore {
             inner: Mutex::new(Inner { conn, totals }),
@@ -161,6 +171,22 @@ impl SqliteStore {
         inner.totals = compute_totals(&inner.conn)?;
         Ok(out)
     }
+}
+
+/// Sets the connection up (see [`SqliteStore::open`]) and migrates the schema.
+fn init(conn: &mut Connection) -> Result<(), StoreError> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Before the first WAL access: no shared-memory index, and the first write (the migration
+    // below) takes a lock held until this store is dropped.
+    conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Sqlite(format!(
+            "could not enable WAL journal mode (got {mode})"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    migrate(conn)
 }
 
 /// Creates the schema in a fresh database, or checks the version of an existing one.
@@ -535,8 +561,10 @@ impl ResponseStore for SqliteStore {
                 "DELETE FROM input_items WHERE response_id IN ({doomed})"
             ))?
             .execute([cutoff])?;
-            tx.prepare_cached(&format!("DELETE FROM events WHERE response_id IN ({doomed})"))?
-                .execute([cutoff])?;
+            tx.prepare_cached(&format!(
+                "DELETE FROM events WHERE response_id IN ({doomed})"
+            ))?
+            .execute([cutoff])?;
             let n = tx
                 .prepare_cached(&format!(
                     "DELETE FROM responses WHERE created_at <= ?1 AND {FINISHED}"

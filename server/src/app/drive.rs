@@ -1,0 +1,149 @@
+//! Driving one generation: scheduler events through the protocol mapper into
+//! SSE frames (streaming) or the final object (JSON), metrics, and the store.
+
+use super::sse;
+use super::state::AppState;
+use crate::protocol::mapper::{FinishKind, MapperInput, ResponseMapper, UsageCounts};
+use crate::store::StoredResponse;
+use serde_json::Value;
+use spindle_scheduler::{EventStream, GenerationEvent};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
+
+/// What to persist when the generation ends.
+pub struct Persist {
+    /// Write the response (and its events) to the store.
+    pub store: bool,
+    /// This turn's input items, as stored.
+    pub input_items: Vec<Value>,
+    /// Background mode.
+    pub background: bool,
+}
+
+/// Run the generation to its end. With a `sink`, every event is sent as an
+/// SSE frame (then `[DONE]`); a closed sink aborts the generation (dropping
+/// the stream frees its KV blocks). Returns the final response object.
+pub async fn drive(
+    state: Arc<AppState>,
+    mut stream: EventStream,
+    mut mapper: ResponseMapper,
+    sink: Option<mpsc::Sender<String>>,
+    persist: Persist,
+) -> Value {
+    let mut events: Vec<Value> = Vec::new();
+    let mut timing = Timing::new();
+    let mut alive = emit(&sink, &mut events, mapper.start()).await;
+    while alive {
+        let next = tokio::time::timeout(KEEP_ALIVE_EVERY, stream.recv()).await;
+        let event = match next {
+            Err(_) => {
+                alive = send(&sink, sse::KEEP_ALIVE.to_string()).await;
+                continue;
+            }
+            Ok(None) => break,
+            Ok(Some(e)) => e,
+        };
+        let terminal = matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. });
+        for input in to_mapper_inputs(event, &mut timing, &state) {
+            alive = emit(&sink, &mut events, mapper.push(input)).await && alive;
+        }
+        if terminal {
+            break;
+        }
+    }
+    if alive {
+        send(&sink, sse::DONE.to_string()).await;
+    }
+    drop(stream);
+    let response = serde_json::to_value(mapper.response()).unwrap_or(Value::Null);
+    if persist.store {
+        save(&state, &response, persist, events).await;
+    }
+    response
+}
+
+async fn emit(sink: &Option<mpsc::Sender<String>>, log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> bool {
+    let mut alive = true;
+    for e in events {
+        let v = serde_json::to_value(&e).unwrap_or(Value::Null);
+        if sink.is_some() {
+            alive = alive && send(sink, sse::frame(&v)).await;
+        }
+        log.push(v);
+    }
+    alive
+}
+
+async fn send(sink: &Option<mpsc::Sender<String>>, frame: String) -> bool {
+    match sink {
+        Some(tx) => tx.send(frame).await.is_ok(),
+        None => true,
+    }
+}
+
+struct Timing {
+    start: Instant,
+    last: Option<Instant>,
+}
+
+impl Timing {
+    fn new() -> Self {
+        Self { start: Instant::now(), last: None }
+    }
+}
+
+fn to_mapper_inputs(event: GenerationEvent, timing: &mut Timing, state: &AppState) -> Vec<MapperInput> {
+    match event {
+        GenerationEvent::Started { cached_tokens } => vec![MapperInput::Started { cached_tokens }],
+        GenerationEvent::Delta { text, .. } => {
+            let now = Instant::now();
+            match timing.last {
+                None => state.metrics.ttft((now - timing.start).as_secs_f64()),
+                Some(prev) => state.metrics.itl((now - prev).as_secs_f64()),
+            }
+            timing.last = Some(now);
+            if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![MapperInput::TextDelta(text)]
+            }
+        }
+        GenerationEvent::Finished { reason, text, usage } => {
+            state.metrics.tokens(usage.input_tokens, usage.cached_tokens, usage.output_tokens);
+            let mut inputs = Vec::new();
+            if !text.is_empty() {
+                inputs.push(MapperInput::TextDelta(text));
+            }
+            inputs.push(MapperInput::Finished { reason: FinishKind::from(&reason), usage: UsageCounts::from(usage) });
+            inputs
+        }
+        GenerationEvent::Failed { message } => vec![MapperInput::Failed { message }],
+    }
+}
+
+async fn save(state: &Arc<AppState>, response: &Value, persist: Persist, events: Vec<Value>) {
+    let Some(id) = response.get("id").and_then(Value::as_str).map(str::to_string) else { return };
+    let record = StoredResponse {
+        id: id.clone(),
+        created_at: response.get("created_at").and_then(Value::as_i64).unwrap_or(0),
+        status: response.get("status").and_then(Value::as_str).unwrap_or("completed").to_string(),
+        previous_response_id: response.get("previous_response_id").and_then(Value::as_str).map(str::to_string),
+        background: persist.background,
+        response: response.clone(),
+        input_items: persist.input_items,
+    };
+    let store = state.store.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        store.put(&record)?;
+        store.append_events(&id, &events)
+    })
+    .await;
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("storing a response failed: {e}"),
+        Err(e) => tracing::error!("storing a response panicked: {e}"),
+    }
+}

@@ -1,0 +1,57 @@
+//! The HTTP application: routes, middleware and handlers over [`AppState`].
+
+pub mod auth;
+pub mod drive;
+pub mod error;
+pub mod metrics;
+pub mod ops;
+pub mod responses;
+pub mod sse;
+pub mod state;
+pub mod turn;
+
+pub use state::{AppState, Limits, ModelInfo};
+
+use crate::protocol::error::ApiError;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::sync::Arc;
+
+/// The whole router (tests drive it without a socket, `serve` binds it).
+pub fn app(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/responses/{id}/input_items", get(responses::input_items))
+        .route("/v1/models", get(ops::models))
+        .layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(ops::health))
+        .route("/ready", get(ops::ready))
+        .route("/metrics", get(ops::metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .with_state(state)
+}
+
+async fn require_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let auth = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if state.keys.accepts(auth) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "other".into());
+    let response = next.run(request).await;
+    state.metrics.request(&route, response.status().as_u16());
+    response
+}

@@ -1,0 +1,39 @@
+//! Operational routes: models, health, readiness, metrics.
+
+use super::state::AppState;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::json;
+use std::sync::Arc;
+
+/// GET /v1/models: the one model this daemon serves.
+pub async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model.name,
+            "object": "model",
+            "created": state.model.created,
+            "owned_by": "spindle",
+            "context_length": state.model.context_length,
+        }]
+    }))
+}
+
+/// GET /health: the process is alive.
+pub async fn health() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+/// GET /ready: the model is loaded and the scheduler accepts work.
+pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    Json(json!({"status": "ready", "model": state.model.name}))
+}
+
+/// GET /metrics: Prometheus text format.
+pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let body = state.metrics.render(&state.scheduler.metrics().snapshot());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+}

@@ -1,0 +1,224 @@
+//! `/v1/responses` handlers.
+
+use super::drive::{drive, Persist};
+use super::sse;
+use super::state::AppState;
+use super::turn;
+use crate::protocol::error::ApiError;
+use crate::protocol::mapper::ResponseMapper;
+use crate::protocol::request::{validate, RequestLimits, ValidRequest};
+use crate::store::{Order, StoredResponse};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+/// POST /v1/responses
+pub async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match create_inner(state, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn create_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
+    let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
+    let limits = RequestLimits {
+        max_input_items: state.limits.max_input_items,
+        max_tools: state.limits.max_tools,
+        max_output_tokens: state.limits.max_output_tokens as u32,
+    };
+    let mut req = validate(value, &limits)?;
+    match &req.model {
+        Some(m) if m != &state.model.name => return Err(ApiError::model_not_found(m)),
+        _ => req.model = Some(state.model.name.clone()),
+    }
+    let st = state.clone();
+    let prev = req.previous_response_id.clone();
+    let history = tokio::task::spawn_blocking(move || turn::history(&st, prev.as_deref()))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let prepared = turn::prepare(&state, &req, history)?;
+    let stream = turn::submit(&state, &req, prepared.prompt)?;
+    let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
+    let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
+    let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background };
+    if req.background {
+        return background(state, stream, mapper, persist, id, &req).await;
+    }
+    if req.stream {
+        let (tx, rx) = mpsc::channel::<String>(64);
+        tokio::spawn(drive(state, stream, mapper, Some(tx), persist));
+        let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>));
+        return Ok(sse_response(body));
+    }
+    let response = drive(state, stream, mapper, None, persist).await;
+    Ok(Json(response).into_response())
+}
+
+async fn background(
+    state: Arc<AppState>,
+    stream: spindle_scheduler::EventStream,
+    mapper: ResponseMapper,
+    persist: Persist,
+    id: String,
+    req: &ValidRequest,
+) -> Result<Response, ApiError> {
+    let mut queued = serde_json::to_value(mapper.response()).map_err(|e| ApiError::internal(e.to_string()))?;
+    queued["status"] = json!("queued");
+    let record = StoredResponse {
+        id: id.clone(),
+        created_at: queued["created_at"].as_i64().unwrap_or(0),
+        status: "queued".into(),
+        previous_response_id: req.previous_response_id.clone(),
+        background: true,
+        response: queued.clone(),
+        input_items: persist.input_items.clone(),
+    };
+    let store = state.store.clone();
+    tokio::task::spawn_blocking(move || store.put(&record))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("response store: {e}")))?;
+    if let Ok(mut running) = state.running.lock() {
+        running.insert(id.clone(), stream.id());
+    }
+    let st = state.clone();
+    tokio::spawn(async move {
+        drive(st.clone(), stream, mapper, None, persist).await;
+        if let Ok(mut running) = st.running.lock() {
+            running.remove(&id);
+        }
+    });
+    Ok(Json(queued).into_response())
+}
+
+fn sse_response(body: Body) -> Response {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    r
+}
+
+fn input_items_json(req: &ValidRequest) -> Vec<Value> {
+    req.input.iter().filter_map(|i| serde_json::to_value(i).ok()).collect()
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+async fn load(state: &Arc<AppState>, id: String) -> Result<StoredResponse, ApiError> {
+    let store = state.store.clone();
+    let missing = ApiError::not_found(format!("No response found with id '{id}'."));
+    tokio::task::spawn_blocking(move || store.get(&id))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("response store: {e}")))?
+        .ok_or(missing)
+}
+
+/// Query of GET /v1/responses/{id}.
+#[derive(Debug, Deserialize)]
+pub struct RetrieveQuery {
+    stream: Option<bool>,
+    starting_after: Option<u64>,
+}
+
+/// GET /v1/responses/{id} (with `?stream=true` it replays the stored events).
+pub async fn retrieve(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<RetrieveQuery>,
+) -> Result<Response, ApiError> {
+    let record = load(&state, id.clone()).await?;
+    if q.stream != Some(true) {
+        return Ok(Json(record.response).into_response());
+    }
+    let store = state.store.clone();
+    let events = tokio::task::spawn_blocking(move || store.events(&id, q.starting_after))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("response store: {e}")))?
+        .unwrap_or_default();
+    let mut body: String = events.iter().map(sse::frame).collect();
+    body.push_str(sse::DONE);
+    Ok(sse_response(Body::from(body)))
+}
+
+/// DELETE /v1/responses/{id}
+pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let store = state.store.clone();
+    let key = id.clone();
+    let deleted = tokio::task::spawn_blocking(move || store.delete(&key))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("response store: {e}")))?;
+    if !deleted {
+        return Err(ApiError::not_found(format!("No response found with id '{id}'.")));
+    }
+    Ok(Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response())
+}
+
+/// POST /v1/responses/{id}/cancel (background responses only).
+pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let record = load(&state, id.clone()).await?;
+    if !record.background {
+        return Err(ApiError::invalid("response_id", "Only background responses can be cancelled."));
+    }
+    let running = state.running.lock().ok().and_then(|mut r| r.remove(&id));
+    let mut response = record.response.clone();
+    if let Some(request) = running {
+        state.scheduler.abort(request);
+        response["status"] = json!("cancelled");
+        let updated = StoredResponse { status: "cancelled".into(), response: response.clone(), ..record };
+        let store = state.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.put(&updated)).await;
+    }
+    Ok(Json(response).into_response())
+}
+
+/// Query of GET /v1/responses/{id}/input_items.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    order: Option<String>,
+}
+
+/// GET /v1/responses/{id}/input_items
+pub async fn input_items(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let limit = q.limit.unwrap_or(20).clamp(1, 100);
+    let order = match q.order.as_deref() {
+        Some("asc") => Order::Asc,
+        None | Some("desc") => Order::Desc,
+        Some(_) => return Err(ApiError::invalid("order", "order must be 'asc' or 'desc'")),
+    };
+    let store = state.store.clone();
+    let key = id.clone();
+    let items = tokio::task::spawn_blocking(move || store.input_items(&key, q.after.as_deref(), limit + 1, order))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("response store: {e}")))?
+        .ok_or_else(|| ApiError::not_found(format!("No response found with id '{id}'.")))?;
+    let has_more = items.len() > limit;
+    let data: Vec<Value> = items.into_iter().take(limit).collect();
+    let first = data.first().and_then(|v| v.get("id")).cloned().unwrap_or(Value::Null);
+    let last = data.last().and_then(|v| v.get("id")).cloned().unwrap_or(Value::Null);
+    let body = json!({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": has_more});
+    Ok((StatusCode::OK, Json(body)).into_response())
+}

@@ -1,0 +1,71 @@
+//! Shared server state handed to every handler.
+
+use super::auth::ApiKeys;
+use super::metrics::HttpMetrics;
+use crate::store::ResponseStore;
+use spindle_engine::chat_template::ChatTemplate;
+use spindle_engine::tokenizer::Tokenizer;
+use spindle_scheduler::SchedulerHandle;
+use spindle_scheduler::RequestId;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the server knows about the model it serves.
+pub struct ModelInfo {
+    /// The id clients send as `model`.
+    pub name: String,
+    /// Tokenizer (prompt encoding).
+    pub tokenizer: Tokenizer,
+    /// Chat template.
+    pub template: ChatTemplate,
+    /// Context window in tokens.
+    pub context_length: usize,
+    /// Unix time the model was loaded (`created` in /v1/models).
+    pub created: i64,
+}
+
+/// Request limits enforced before anything reaches the scheduler.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Most input items per request.
+    pub max_input_items: usize,
+    /// Most tools per request.
+    pub max_tools: usize,
+    /// Largest `max_output_tokens` (and the default when absent).
+    pub max_output_tokens: usize,
+    /// Wall-clock limit of one request.
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 << 20,
+            max_input_items: 1024,
+            max_tools: 128,
+            max_output_tokens: 4096,
+            request_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Everything handlers share.
+pub struct AppState {
+    /// The scheduler.
+    pub scheduler: SchedulerHandle,
+    /// The served model.
+    pub model: ModelInfo,
+    /// Stored responses.
+    pub store: Arc<dyn ResponseStore>,
+    /// API keys (empty: none required).
+    pub keys: ApiKeys,
+    /// Limits.
+    pub limits: Limits,
+    /// HTTP-level metrics.
+    pub metrics: HttpMetrics,
+    /// Background responses in flight: response id -> scheduler request.
+    pub running: Mutex<HashMap<String, RequestId>>,
+}

@@ -1,0 +1,110 @@
+//! Preparing one turn: the conversation so far (from `previous_response_id`),
+//! the chat-template prompt, truncation, and submission to the scheduler.
+
+use super::state::AppState;
+use crate::protocol::error::ApiError;
+use crate::protocol::request::ValidRequest;
+use crate::protocol::{to_chat_messages, InputItem, Truncation};
+use serde_json::Value;
+use spindle_engine::sampling::SamplingParams;
+use spindle_scheduler::output::StopConditions;
+use spindle_scheduler::{EventStream, GenerationRequest, SubmitError};
+
+/// A turn ready to run.
+pub struct PreparedTurn {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// The conversation's earlier items (previous turns' inputs and outputs).
+    pub history: Vec<Value>,
+}
+
+/// Items of every earlier turn, oldest first, as stored JSON.
+pub fn history(state: &AppState, previous: Option<&str>) -> Result<Vec<Value>, ApiError> {
+    let Some(id) = previous else { return Ok(Vec::new()) };
+    let chain = state
+        .store
+        .chain(id)
+        .map_err(|e| ApiError::internal(format!("response store: {e}")))?
+        .ok_or_else(|| ApiError::previous_response_not_found(id))?;
+    let mut items = Vec::new();
+    for turn in chain {
+        items.extend(turn.input_items);
+        if let Some(output) = turn.response.get("output").and_then(Value::as_array) {
+            items.extend(output.iter().cloned());
+        }
+    }
+    Ok(items)
+}
+
+/// Render and tokenize; with `truncation: auto` drop the oldest history items
+/// until the prompt leaves room for at least one output token.
+pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Result<PreparedTurn, ApiError> {
+    let parsed: Vec<InputItem> = history
+        .iter()
+        .filter_map(|v| serde_json::from_value::<InputItem>(v.clone()).ok())
+        .collect();
+    let limit = state.model.context_length;
+    let mut skip = 0;
+    loop {
+        let items: Vec<InputItem> = parsed[skip..].iter().chain(req.input.iter()).cloned().collect();
+        let prompt = render(state, req, &items)?;
+        if prompt.len() < limit {
+            return Ok(PreparedTurn { prompt, history });
+        }
+        if req.truncation != Truncation::Auto || skip >= parsed.len() {
+            return Err(ApiError::context_length_exceeded(prompt.len(), limit));
+        }
+        skip += 1;
+    }
+}
+
+fn render(state: &AppState, req: &ValidRequest, items: &[InputItem]) -> Result<Vec<u32>, ApiError> {
+    let messages = to_chat_messages(req.instructions.as_deref(), items)?;
+    let tools: Vec<Value> = req.tools.iter().map(|t| t.to_template_tool()).collect();
+    let text = state
+        .model
+        .template
+        .render(&messages, (!tools.is_empty()).then_some(tools.as_slice()), true)
+        .map_err(|e| ApiError::invalid("input", format!("the chat template failed: {e}")))?;
+    state.model.tokenizer.encode(&text, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
+}
+
+/// Submit to the scheduler with the request's sampling and limits.
+pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<EventStream, ApiError> {
+    let s = &req.sampling;
+    let sampling = SamplingParams {
+        temperature: s.temperature.unwrap_or(1.0) as f32,
+        top_p: s.top_p.unwrap_or(1.0) as f32,
+        top_k: s.top_k.unwrap_or(0) as usize,
+        min_p: s.min_p.unwrap_or(0.0) as f32,
+        repetition_penalty: s.repetition_penalty.unwrap_or(1.0) as f32,
+        presence_penalty: s.presence_penalty.unwrap_or(0.0) as f32,
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0) as f32,
+        seed: s.seed,
+        top_logprobs: s.top_logprobs.unwrap_or(0) as usize,
+        logprobs: s.top_logprobs.is_some(),
+    };
+    let max_tokens = req.max_output_tokens.map_or(state.limits.max_output_tokens, |m| m as usize);
+    let request = GenerationRequest {
+        prompt,
+        sampling,
+        stop: StopConditions {
+            stop_token_ids: state.model.tokenizer.eos_ids().to_vec(),
+            max_tokens,
+            ..StopConditions::default()
+        },
+        cache_salt: req.prompt_cache_key.clone(),
+    };
+    state.scheduler.submit(request).map_err(submit_error)
+}
+
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull { retry_after, .. } => ApiError::too_many_requests(Some(retry_after.as_secs().max(1))),
+        SubmitError::ContextLengthExceeded { len, max } => ApiError::context_length_exceeded(len, max),
+        SubmitError::TooLargeForCache { .. } => ApiError::invalid("input", e.to_string()),
+        SubmitError::EmptyPrompt => ApiError::invalid("input", e.to_string()),
+        SubmitError::InvalidSampling(m) => ApiError::invalid("temperature", m),
+        SubmitError::ShutDown => ApiError::internal("the server is shutting down"),
+    }
+}

@@ -1,0 +1,161 @@
+//! `spindle serve`: load the model, start the scheduler, serve HTTP until
+//! SIGINT/SIGTERM, then drain.
+
+use crate::cli::generate::load_with_bar;
+use clap::Args;
+use spindle_engine::kv::KvPool;
+use spindle_engine::models::{cache_root, DEFAULT_MODEL};
+use spindle_engine::runner::ModelRunner;
+use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
+use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
+use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+const BLOCK_SIZE: usize = 16;
+
+/// Arguments of `spindle serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model name in the cache, or a path to a GGUF file or HF directory.
+    #[arg(long, env = "SPINDLE_MODEL", default_value = DEFAULT_MODEL)]
+    model: String,
+    /// Address to bind.
+    #[arg(long, env = "SPINDLE_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to bind.
+    #[arg(long, env = "SPINDLE_PORT", default_value_t = 8080)]
+    port: u16,
+    /// API keys clients must send as `Authorization: Bearer <key>` (repeatable; env: comma-separated).
+    #[arg(long = "api-key", env = "SPINDLE_API_KEYS", value_delimiter = ',')]
+    api_keys: Vec<String>,
+    /// Allow binding a non-loopback address without API keys.
+    #[arg(long)]
+    allow_unauthenticated: bool,
+    /// SQLite file for stored responses.
+    #[arg(long, env = "SPINDLE_STORE_PATH")]
+    store_path: Option<PathBuf>,
+    /// How long stored responses are kept, in hours.
+    #[arg(long, default_value_t = 720)]
+    store_ttl_hours: u64,
+    /// Most stored responses kept (oldest completed evicted first).
+    #[arg(long, default_value_t = 100_000)]
+    store_max_responses: usize,
+    /// Memory for the KV cache, in MiB.
+    #[arg(long, env = "SPINDLE_KV_CACHE_MIB", default_value_t = 1024)]
+    kv_cache_memory_mib: usize,
+    /// Most sequences per step.
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Most new tokens per step.
+    #[arg(long, default_value_t = 512)]
+    max_num_batched_tokens: usize,
+    /// Most requests waiting for admission (429 beyond).
+    #[arg(long, default_value_t = 256)]
+    max_waiting: usize,
+    /// Worker threads (default: all cores).
+    #[arg(long, env = "SPINDLE_THREADS")]
+    threads: Option<usize>,
+}
+
+/// Run the daemon.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    super::init_threads(args.threads)?;
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse()?;
+    let keys = ApiKeys::new(args.api_keys.clone());
+    if !addr.ip().is_loopback() && !keys.enabled() && !args.allow_unauthenticated {
+        anyhow::bail!("refusing to serve {addr} without --api-key (or pass --allow-unauthenticated)");
+    }
+    let store = open_store(&args)?;
+    let loaded = load_with_bar(&args.model)?;
+    let config = loaded.model.config().clone();
+    let num_blocks = KvPool::blocks_for_budget(args.kv_cache_memory_mib << 20, config.num_layers, BLOCK_SIZE, config.kv_dim());
+    tracing::info!(
+        "model {} ({:.0} MB weights) on cpu; KV cache {} blocks = {} tokens",
+        loaded.location.name,
+        loaded.model.weight_bytes() as f64 / 1e6,
+        num_blocks,
+        num_blocks * BLOCK_SIZE
+    );
+    let sched_config = SchedulerConfig {
+        block_size: BLOCK_SIZE,
+        num_blocks,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_waiting: args.max_waiting,
+        enable_prefix_caching: true,
+        context_length: config.context_length,
+        model_salt: model_salt(&loaded.location.path),
+    };
+    let runner = ModelRunner::new(loaded.model, num_blocks, BLOCK_SIZE);
+    let scheduler = SchedulerHandle::spawn(sched_config, runner, loaded.tokenizer.clone());
+    let state = Arc::new(AppState {
+        scheduler,
+        model: ModelInfo {
+            name: loaded.location.name.clone(),
+            tokenizer: loaded.tokenizer,
+            template: loaded.template,
+            context_length: config.context_length,
+            created: unix_now(),
+        },
+        store,
+        keys,
+        limits: Limits::default(),
+        metrics: HttpMetrics::default(),
+        running: Default::default(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(serve(addr, state))
+}
+
+async fn serve(addr: SocketAddr, state: Arc<AppState>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app::app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down: no new connections; finishing in-flight responses");
+}
+
+fn open_store(args: &ServeArgs) -> anyhow::Result<Arc<dyn ResponseStore>> {
+    let path = args.store_path.clone().unwrap_or_else(|| cache_root().join("responses.sqlite3"));
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let config = StoreConfig::new(Duration::from_secs(args.store_ttl_hours * 3600), args.store_max_responses);
+    let store = SqliteStore::open(&path, config)?;
+    let failed = store.mark_unfinished_failed()?;
+    if failed > 0 {
+        tracing::warn!("{failed} responses left unfinished by a previous run were marked failed");
+    }
+    tracing::info!("response store: {}", path.display());
+    Ok(Arc::new(store))
+}
+
+fn model_salt(path: &std::path::Path) -> u64 {
+    let meta = std::fs::metadata(path).ok();
+    let size = meta.as_ref().map_or(0, |m| m.len());
+    let mtime = meta.and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    size ^ mtime.map_or(0, |d| d.as_secs()).rotate_left(32)
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}

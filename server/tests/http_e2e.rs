@@ -1,0 +1,253 @@
+//! The daemon over a real socket with the real model: JSON and SSE replies,
+//! the exact event order, errors in the protocol's shape, the store
+//! (GET/DELETE/input_items), previous_response_id chains, background +
+//! cancel, and a client disconnect that frees its KV blocks.
+
+use serde_json::{json, Value};
+use spindle_engine::load::load_model;
+use spindle_engine::runner::ModelRunner;
+use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
+use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
+use spindle_server::store::{SqliteStore, StoreConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Server {
+    base: String,
+    state: Arc<AppState>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(keys: Vec<String>) -> Option<Server> {
+    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
+        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
+        return None;
+    };
+    let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
+    let blocks = 256;
+    let config = SchedulerConfig {
+        num_blocks: blocks,
+        context_length: m.model.config().context_length,
+        ..SchedulerConfig::default()
+    };
+    let context_length = config.context_length;
+    let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000))
+        .expect("store");
+    let state = Arc::new(AppState {
+        scheduler,
+        model: ModelInfo {
+            name: "smollm2-135m-instruct".into(),
+            tokenizer: m.tokenizer,
+            template: m.template,
+            context_length,
+            created: 0,
+        },
+        store: Arc::new(store),
+        keys: ApiKeys::new(keys),
+        limits: Limits { max_body_bytes: 64 << 10, ..Limits::default() },
+        metrics: HttpMetrics::default(),
+        running: Default::default(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let router = app::app(state.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Some(Server { base, state, _dir: dir })
+}
+
+async fn post(s: &Server, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Parse an SSE body into (event field, data JSON) pairs; checks framing.
+fn parse_sse(text: &str) -> Vec<(String, Value)> {
+    assert!(text.ends_with("data: [DONE]\n\n"), "stream must end with [DONE]: {text:?}");
+    let mut out = Vec::new();
+    for block in text.split("\n\n").filter(|b| !b.is_empty() && !b.starts_with(':')) {
+        if block == "data: [DONE]" {
+            continue;
+        }
+        let mut lines = block.lines();
+        let event = lines.next().and_then(|l| l.strip_prefix("event: ")).expect("event line").to_string();
+        let data = lines.next().and_then(|l| l.strip_prefix("data: ")).expect("data line");
+        out.push((event, serde_json::from_str(data).expect("json data")));
+    }
+    out
+}
+
+#[tokio::test]
+async fn non_streaming_text_response_has_every_key() {
+    let Some(s) = start(vec![]).await else { return };
+    let (status, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "Say hello.", "max_output_tokens": 16, "metadata": {"k": "v"}})).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["object"], "response");
+    assert!(r["id"].as_str().is_some_and(|id| id.starts_with("resp_")));
+    assert!(matches!(r["status"].as_str(), Some("completed" | "incomplete")), "{r}");
+    assert_eq!(r["metadata"], json!({"k": "v"}));
+    assert_eq!(r["output"][0]["type"], "message");
+    assert_eq!(r["output"][0]["role"], "assistant");
+    assert_eq!(r["output"][0]["content"][0]["type"], "output_text");
+    assert!(r["usage"]["input_tokens"].as_u64().is_some_and(|n| n > 0));
+    assert!(r["usage"]["input_tokens_details"]["cached_tokens"].as_u64().is_some());
+    assert!(r["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().is_some());
+    for key in ["created_at", "model", "instructions", "tools", "tool_choice", "temperature", "top_p", "previous_response_id", "store"] {
+        assert!(r.get(key).is_some(), "missing key {key}: {r}");
+    }
+}
+
+#[tokio::test]
+async fn streaming_text_follows_the_exact_event_order() {
+    let Some(s) = start(vec![]).await else { return };
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/responses", s.base))
+        .json(&json!({"model": "smollm2-135m-instruct", "input": "Count to three.", "stream": true, "max_output_tokens": 24}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap_or("").starts_with("text/event-stream"));
+    let events = parse_sse(&r.text().await.expect("body"));
+    let kinds: Vec<&str> = events.iter().map(|(e, _)| e.as_str()).collect();
+    for (i, (event, data)) in events.iter().enumerate() {
+        assert_eq!(data["type"], event.as_str(), "event: must equal type");
+        assert_eq!(data["sequence_number"], i as u64, "sequence numbers count from 0");
+    }
+    let deltas = kinds.iter().filter(|k| **k == "response.output_text.delta").count();
+    assert!(deltas >= 1);
+    let mut expected = vec!["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"];
+    expected.extend(std::iter::repeat_n("response.output_text.delta", deltas));
+    expected.extend(["response.output_text.done", "response.content_part.done", "response.output_item.done"]);
+    let last = *kinds.last().expect("events");
+    assert!(matches!(last, "response.completed" | "response.incomplete"), "{last}");
+    expected.push(last);
+    assert_eq!(kinds, expected);
+    let text: String = events.iter().filter(|(e, _)| e == "response.output_text.delta").map(|(_, d)| d["delta"].as_str().unwrap_or("")).collect();
+    let done = events.iter().find(|(e, _)| e == "response.output_text.done").map(|(_, d)| d["text"].clone());
+    assert_eq!(done, Some(json!(text)));
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_error_shape() {
+    let Some(s) = start(vec![]).await else { return };
+    let model = "smollm2-135m-instruct";
+    let cases: Vec<(Value, u16, Option<&str>)> = vec![
+        (json!({"model": "nope", "input": "hi"}), 404, Some("model")),
+        (json!({"model": model, "input": "hi", "temperature": 5}), 400, Some("temperature")),
+        (json!({"model": model, "input": "hi", "top_p": -1}), 400, Some("top_p")),
+        (json!({"model": model, "input": 42}), 400, Some("input")),
+        (json!({"model": model, "input": "hi", "max_output_tokens": 1}), 400, Some("max_output_tokens")),
+        (json!({"model": model, "input": [{"type": "bogus"}]}), 400, None),
+        (json!({"model": model, "input": "hi", "background": true, "store": false}), 400, Some("background")),
+        (json!({"model": model, "input": "hi", "previous_response_id": "resp_missing"}), 404, None),
+        (json!({"model": model, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}), 400, None),
+        (json!({"model": model, "input": "hi", "tools": "x"}), 400, Some("tools")),
+        (json!({"model": model, "input": "hi", "metadata": "x"}), 400, Some("metadata")),
+        (json!({"model": model, "input": "hi", "stream": "yes"}), 400, Some("stream")),
+        (json!({"model": model, "input": "hi", "truncation": "sometimes"}), 400, Some("truncation")),
+        (json!({"model": model, "input": "word ".repeat(9000)}), 400, None),
+        (json!({"model": model, "input": "x".repeat(70_000)}), 413, None),
+    ];
+    for (body, status, param) in cases {
+        let (got, r) = post(&s, body.clone()).await;
+        assert_eq!(got, status, "{body:.80}: {r}");
+        assert!(r["error"]["message"].as_str().is_some(), "error shape: {r}");
+        assert!(r["error"]["type"].as_str().is_some(), "error shape: {r}");
+        if let Some(p) = param {
+            assert_eq!(r["error"]["param"], p, "{r}");
+        }
+    }
+    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).body("{not json").header("content-type", "application/json").send().await.expect("send");
+    assert_eq!(r.status(), 400);
+    let r = reqwest::get(format!("{}/v1/responses/resp_nope", s.base)).await.expect("get");
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn stored_responses_chain_and_can_be_deleted() {
+    let Some(s) = start(vec![]).await else { return };
+    let model = "smollm2-135m-instruct";
+    let mut prev: Option<String> = None;
+    let mut ids = Vec::new();
+    for (i, q) in ["My name is Ada.", "What is my name?", "Spell it backwards."].iter().enumerate() {
+        let mut body = json!({"model": model, "input": q, "max_output_tokens": 16});
+        if let Some(p) = &prev {
+            body["previous_response_id"] = json!(p);
+        }
+        let (status, r) = post(&s, body).await;
+        assert_eq!(status, 200, "turn {i}: {r}");
+        if i > 0 {
+            assert_eq!(r["previous_response_id"], json!(prev));
+            let cached = r["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+            assert!(cached > 0, "turn {i} should reuse the previous turn's prefix: {}", r["usage"]);
+        }
+        let id = r["id"].as_str().expect("id").to_string();
+        ids.push(id.clone());
+        prev = Some(id);
+    }
+    let got: Value = reqwest::get(format!("{}/v1/responses/{}", s.base, ids[2])).await.expect("get").json().await.expect("json");
+    assert_eq!(got["id"], ids[2]);
+    let items: Value = reqwest::get(format!("{}/v1/responses/{}/input_items", s.base, ids[1])).await.expect("get").json().await.expect("json");
+    assert_eq!(items["object"], "list");
+    assert!(!items["data"].as_array().expect("data").is_empty());
+    let del = reqwest::Client::new().delete(format!("{}/v1/responses/{}", s.base, ids[0])).send().await.expect("delete");
+    assert_eq!(del.status(), 200);
+    let again = reqwest::get(format!("{}/v1/responses/{}", s.base, ids[0])).await.expect("get");
+    assert_eq!(again.status(), 404);
+}
+
+#[tokio::test]
+async fn background_responses_can_be_polled_and_cancelled() {
+    let Some(s) = start(vec![]).await else { return };
+    let (status, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "background": true, "max_output_tokens": 2000})).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["status"], "queued");
+    let id = r["id"].as_str().expect("id").to_string();
+    let cancel = reqwest::Client::new().post(format!("{}/v1/responses/{id}/cancel", s.base)).send().await.expect("cancel");
+    assert_eq!(cancel.status(), 200);
+    let body: Value = cancel.json().await.expect("json");
+    assert_eq!(body["status"], "cancelled");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(s.state.scheduler.check_kv().expect("kv").used, 0, "cancel must free the blocks");
+}
+
+#[tokio::test]
+async fn a_client_disconnect_frees_its_blocks() {
+    let Some(s) = start(vec![]).await else { return };
+    let mut r = reqwest::Client::new()
+        .post(format!("{}/v1/responses", s.base))
+        .json(&json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "stream": true, "max_output_tokens": 2000}))
+        .send()
+        .await
+        .expect("send");
+    let _ = r.chunk().await;
+    let _ = r.chunk().await;
+    drop(r);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let usage = s.state.scheduler.check_kv().expect("kv");
+        if usage.used == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "blocks still held after disconnect: {usage:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn api_keys_are_required_when_configured() {
+    let Some(s) = start(vec!["sekret".into()]).await else { return };
+    let r = reqwest::Client::new().get(format!("{}/v1/models", s.base)).send().await.expect("send");
+    assert_eq!(r.status(), 401);
+    let body: Value = r.json().await.expect("json");
+    assert!(body["error"]["message"].is_string());
+    let r = reqwest::Client::new().get(format!("{}/v1/models", s.base)).bearer_auth("sekret").send().await.expect("send");
+    assert_eq!(r.status(), 200);
+    let health = reqwest::get(format!("{}/health", s.base)).await.expect("health");
+    assert_eq!(health.status(), 200);
+    let metrics = reqwest::get(format!("{}/metrics", s.base)).await.expect("metrics").text().await.expect("text");
+    assert!(metrics.contains("spindle_kv_blocks_free"));
+}
