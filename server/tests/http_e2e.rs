@@ -49,6 +49,7 @@ async fn start(keys: Vec<String>) -> Option<Server> {
         limits: Limits { max_body_bytes: 64 << 10, ..Limits::default() },
         metrics: HttpMetrics::default(),
         running: Default::default(),
+        draining: tokio::sync::watch::channel(false).0,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));

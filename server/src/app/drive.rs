@@ -35,16 +35,24 @@ pub async fn drive(
 ) -> Value {
     let mut events: Vec<Value> = Vec::new();
     let mut timing = Timing::new();
+    let deadline = tokio::time::Instant::now() + state.limits.request_timeout;
+    let mut draining = state.draining.subscribe();
     let mut alive = emit(&sink, &mut events, mapper.start()).await;
     while alive {
-        let next = tokio::time::timeout(KEEP_ALIVE_EVERY, stream.recv()).await;
+        let next = tokio::select! {
+            e = stream.recv() => Next::Event(e),
+            _ = tokio::time::sleep(KEEP_ALIVE_EVERY) => Next::Idle,
+            _ = tokio::time::sleep_until(deadline) => Next::Stop("the request exceeded the server's time limit"),
+            _ = draining.wait_for(|d| *d) => Next::Stop("the server is shutting down"),
+        };
         let event = match next {
-            Err(_) => {
+            Next::Idle => {
                 alive = send(&sink, sse::KEEP_ALIVE.to_string()).await;
                 continue;
             }
-            Ok(None) => break,
-            Ok(Some(e)) => e,
+            Next::Stop(why) => GenerationEvent::Failed { message: why.to_string() },
+            Next::Event(None) => break,
+            Next::Event(Some(e)) => e,
         };
         let terminal = matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. });
         for input in to_mapper_inputs(event, &mut timing, &state) {
@@ -82,6 +90,12 @@ async fn send(sink: &Option<mpsc::Sender<String>>, frame: String) -> bool {
         Some(tx) => tx.send(frame).await.is_ok(),
         None => true,
     }
+}
+
+enum Next {
+    Event(Option<GenerationEvent>),
+    Idle,
+    Stop(&'static str),
 }
 
 struct Timing {

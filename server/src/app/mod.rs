@@ -49,9 +49,25 @@ async fn require_key(State(state): State<Arc<AppState>>, request: Request, next:
     }
 }
 
+/// Request id (`x-request-id`, echoed or made), an access log line, and the
+/// per-route request counter.
 async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "other".into());
-    let response = next.run(request).await;
-    state.metrics.request(&route, response.status().as_u16());
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= 128)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("req_{}", uuid::Uuid::new_v4().simple()));
+    let method = request.method().clone();
+    let started = std::time::Instant::now();
+    let mut response = next.run(request).await;
+    let status = response.status().as_u16();
+    state.metrics.request(&route, status);
+    tracing::info!(request_id = %id, %method, route = %route, status, ms = started.elapsed().as_millis() as u64, "request");
+    if let Ok(v) = header::HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
     response
 }

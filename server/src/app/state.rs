@@ -68,4 +68,7 @@ pub struct AppState {
     pub metrics: HttpMetrics,
     /// Background responses in flight: response id -> scheduler request.
     pub running: Mutex<HashMap<String, RequestId>>,
+    /// Set when the drain period after a shutdown signal ends: in-flight
+    /// generations then fail with a terminal event.
+    pub draining: tokio::sync::watch::Sender<bool>,
 }

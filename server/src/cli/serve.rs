@@ -105,17 +105,48 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         limits: Limits::default(),
         metrics: HttpMetrics::default(),
         running: Default::default(),
+        draining: tokio::sync::watch::channel(false).0,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(serve(addr, state))
 }
 
+/// How long in-flight responses may run after a shutdown signal before they
+/// are failed with a terminal event.
+const DRAIN_PERIOD: Duration = Duration::from_secs(20);
+
 async fn serve(addr: SocketAddr, state: Arc<AppState>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app::app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    spawn_store_expiry(state.clone());
+    let drain_state = state.clone();
+    let signal = async move {
+        shutdown_signal().await;
+        tokio::spawn(async move {
+            tokio::time::sleep(DRAIN_PERIOD).await;
+            tracing::warn!("drain period over: failing in-flight responses");
+            let _ = drain_state.draining.send(true);
+        });
+    };
+    axum::serve(listener, app::app(state)).with_graceful_shutdown(signal).await?;
     tracing::info!("shut down");
     Ok(())
+}
+
+fn spawn_store_expiry(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tick.tick().await;
+            let store = state.store.clone();
+            let now = unix_now();
+            match tokio::task::spawn_blocking(move || store.expire(now)).await {
+                Ok(Ok(n)) if n > 0 => tracing::info!("expired {n} stored responses"),
+                Ok(Err(e)) => tracing::warn!("store expiry failed: {e}"),
+                _ => {}
+            }
+        }
+    });
 }
 
 async fn shutdown_signal() {

@@ -1,0 +1,149 @@
+//! The daemon driven by the official OpenAI Python SDK (installed from PyPI
+//! by `scripts/test.sh` into `.venv-py`): starts `spindle serve` on a free
+//! loopback port with a temporary store, waits for `/ready`, then runs
+//! `python -m pytest tests/python` against it and requires it to pass.
+//!
+//! Skipped (with a `skipped:` line) unless both `SPINDLE_MODEL_GGUF` and
+//! `SPINDLE_PY_VENV` are set; `scripts/test.sh` sets both.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the daemon may take to load the model and answer `/ready`.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long the whole pytest run may take.
+const PYTEST_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// A running `spindle serve`; killed when dropped.
+struct Daemon {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// GET `path` on the loopback port; the status code and body, or None if no answer.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// Start `spindle serve` on a free port and wait until `/ready` says 200.
+/// Retries on a fresh port if the daemon dies first (the port may have been
+/// taken between picking it and binding it).
+fn start_daemon(model: &Path, dir: &Path) -> Daemon {
+    let mut last_log = String::new();
+    for attempt in 0..3 {
+        let port = free_port();
+        let log = dir.join(format!("daemon-{attempt}.log"));
+        let out = std::fs::File::create(&log).expect("daemon log");
+        let err = out.try_clone().expect("daemon log");
+        let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+            .arg("serve")
+            .arg("--model")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--store-path")
+            .arg(dir.join("responses.sqlite3"))
+            .args(["--kv-cache-memory-mib", "256"])
+            .env_remove("SPINDLE_API_KEYS")
+            .env("SPINDLE_HOME", dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn spindle serve");
+        let mut daemon = Daemon { child, port, log };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = daemon.child.try_wait().expect("try_wait") {
+                last_log = format!("exited with {status}:\n{}", daemon.log_text());
+                break;
+            }
+            if let Some((200, _)) = http_get(port, "/ready") {
+                return daemon;
+            }
+            assert!(Instant::now() < deadline, "daemon not ready after {READY_TIMEOUT:?}; log:\n{}", daemon.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("spindle serve failed to start three times; last {last_log}");
+}
+
+#[test]
+fn openai_python_sdk_drives_the_daemon() {
+    let Some(model) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
+        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
+        return;
+    };
+    let Some(venv) = std::env::var_os("SPINDLE_PY_VENV") else {
+        println!("skipped: SPINDLE_PY_VENV not set (scripts/test.sh creates .venv-py and sets it)");
+        return;
+    };
+    let python = PathBuf::from(venv).join("bin").join("python");
+    assert!(python.is_file(), "SPINDLE_PY_VENV is set but {} does not exist", python.display());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = start_daemon(Path::new(&model), dir.path());
+
+    let pytest_log = dir.path().join("pytest.log");
+    let out = std::fs::File::create(&pytest_log).expect("pytest log");
+    let err = out.try_clone().expect("pytest log");
+    let mut pytest = Command::new(&python)
+        .args(["-m", "pytest", "tests/python", "-q", "-p", "no:cacheprovider"])
+        .current_dir(&root)
+        .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{}/v1", daemon.port))
+        .env("OPENAI_API_KEY", "dummy")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("OPENAI_ORG_ID")
+        .env_remove("OPENAI_PROJECT_ID")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("run pytest");
+    let deadline = Instant::now() + PYTEST_TIMEOUT;
+    let status = loop {
+        if let Some(status) = pytest.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = pytest.kill();
+            let _ = pytest.wait();
+            let output = std::fs::read_to_string(&pytest_log).unwrap_or_default();
+            panic!("pytest ran past {PYTEST_TIMEOUT:?}:\n{output}\ndaemon log:\n{}", daemon.log_text());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let output = std::fs::read_to_string(&pytest_log).unwrap_or_default();
+    println!("{output}");
+    assert!(status.success(), "pytest failed ({status}):\n{output}\ndaemon log:\n{}", daemon.log_text());
+    drop(daemon);
+}
