@@ -8,5 +8,17 @@ model_path=$(scripts/fetch-model.sh | tail -n 1)
 export SPINDLE_MODEL_GGUF="$model_path"
 echo "test model: $SPINDLE_MODEL_GGUF"
 
+# The OpenAI Python SDK (from PyPI, exact pins) in .venv-py, for
+# server/tests/openai_sdk.rs. Idempotent: the venv is made once, and pip
+# leaves satisfied pins alone.
+py_venv="$PWD/.venv-py"
+if [ ! -x "$py_venv/bin/python" ]; then
+    "${PYTHON:-python3}" -m venv "$py_venv"
+fi
+"$py_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+export SPINDLE_PY_VENV="$py_venv"
+echo "python venv: $SPINDLE_PY_VENV ($("$py_venv/bin/python" -c 'import openai; print("openai", openai.__version__)'))"
+
+mkdir -p target
 # [profile.test] is opt-level 3, so model tests run at full speed.
 cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.log

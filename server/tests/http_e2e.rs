@@ -9,6 +9,7 @@ use spindle_engine::runner::ModelRunner;
 use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
 use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
 use spindle_server::store::{SqliteStore, StoreConfig};
+use axum::serve::ListenerExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +55,9 @@ async fn start(keys: Vec<String>) -> Option<Server> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = app::app(state.clone());
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move { axum::serve(listener, router).await });
     Some(Server { base, state, _dir: dir })
 }

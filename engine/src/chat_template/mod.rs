@@ -93,6 +93,15 @@ impl ChatTemplate {
         }
     }
 
+    /// Whether the template reads the `tools` variable, i.e. renders tool
+    /// definitions itself (Qwen, Hermes, Llama 3.1...). Templates without it
+    /// (ChatML, SmolLM2) need the server's default tool format.
+    pub fn uses_tools(&self) -> bool {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .is_ok_and(|t| t.undeclared_variables(false).contains("tools"))
+    }
+
     /// Renders the conversation. `messages` are HF-style message objects
     /// (`{"role": ..., "content": ...}`, maybe `tool_calls` etc.); `tools`
     /// are JSON tool definitions.

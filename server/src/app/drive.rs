@@ -3,6 +3,7 @@
 
 use super::sse;
 use super::state::AppState;
+use super::tools::{route_all, ToolCallParser};
 use crate::protocol::mapper::{FinishKind, MapperInput, ResponseMapper, UsageCounts};
 use crate::store::StoredResponse;
 use serde_json::Value;
@@ -25,7 +26,8 @@ pub struct Persist {
 
 /// Run the generation to its end. With a `sink`, every event is sent as an
 /// SSE frame (then `[DONE]`); a closed sink aborts the generation (dropping
-/// the stream frees its KV blocks). Returns the final response object.
+/// the stream frees its KV blocks). With function tools, text goes through
+/// the tool-call parser ([`ToolCallParser`]). Returns the final response object.
 pub async fn drive(
     state: Arc<AppState>,
     mut stream: EventStream,
@@ -37,6 +39,7 @@ pub async fn drive(
     let mut timing = Timing::new();
     let deadline = tokio::time::Instant::now() + state.limits.request_timeout;
     let mut draining = state.draining.subscribe();
+    let mut tool_calls = ToolCallParser::for_response(mapper.response_ref());
     let mut alive = emit(&sink, &mut events, mapper.start()).await;
     while alive {
         let next = tokio::select! {
@@ -55,7 +58,7 @@ pub async fn drive(
             Next::Event(Some(e)) => e,
         };
         let terminal = matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. });
-        for input in to_mapper_inputs(event, &mut timing, &state) {
+        for input in route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state)) {
             alive = emit(&sink, &mut events, mapper.push(input)).await && alive;
         }
         if terminal {

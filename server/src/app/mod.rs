@@ -8,6 +8,7 @@ pub mod ops;
 pub mod responses;
 pub mod sse;
 pub mod state;
+pub mod tools;
 pub mod turn;
 
 pub use state::{AppState, Limits, ModelInfo};

@@ -110,8 +110,35 @@ fn sse_response(body: Body) -> Response {
     r
 }
 
+/// This turn's input items as stored and listed by `input_items`: each with
+/// an `id`, and message content always as a list of parts (the shape the
+/// OpenAI SDK's item types require).
 fn input_items_json(req: &ValidRequest) -> Vec<Value> {
-    req.input.iter().filter_map(|i| serde_json::to_value(i).ok()).collect()
+    req.input.iter().filter_map(|i| serde_json::to_value(i).ok()).map(normalize_item).collect()
+}
+
+fn normalize_item(mut item: Value) -> Value {
+    let kind = item.get("type").and_then(Value::as_str).unwrap_or("message").to_string();
+    if item.get("id").is_none_or(Value::is_null) {
+        let prefix = match kind.as_str() {
+            "function_call" => "fc",
+            "function_call_output" => "fco",
+            "reasoning" => "rs",
+            _ => "msg",
+        };
+        item["id"] = json!(format!("{prefix}_{}", uuid::Uuid::new_v4().simple()));
+    }
+    if kind == "message" {
+        item["type"] = json!("message");
+        if let Some(text) = item.get("content").and_then(Value::as_str).map(str::to_string) {
+            let part = if item["role"] == "assistant" { "output_text" } else { "input_text" };
+            item["content"] = json!([{"type": part, "text": text}]);
+        }
+        if item.get("status").is_none_or(Value::is_null) {
+            item["status"] = json!("completed");
+        }
+    }
+    item
 }
 
 fn unix_now() -> i64 {

@@ -2,9 +2,10 @@
 //! the chat-template prompt, truncation, and submission to the scheduler.
 
 use super::state::AppState;
+use super::tools;
 use crate::protocol::error::ApiError;
 use crate::protocol::request::ValidRequest;
-use crate::protocol::{to_chat_messages, InputItem, Truncation};
+use crate::protocol::{InputItem, Truncation};
 use serde_json::Value;
 use spindle_engine::sampling::SamplingParams;
 use spindle_scheduler::output::StopConditions;
@@ -58,14 +59,10 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Res
     }
 }
 
+/// Tools go through the chat template, or the default tool format when the
+/// template has none ([`tools::render_prompt`]).
 fn render(state: &AppState, req: &ValidRequest, items: &[InputItem]) -> Result<Vec<u32>, ApiError> {
-    let messages = to_chat_messages(req.instructions.as_deref(), items)?;
-    let tools: Vec<Value> = req.tools.iter().map(|t| t.to_template_tool()).collect();
-    let text = state
-        .model
-        .template
-        .render(&messages, (!tools.is_empty()).then_some(tools.as_slice()), true)
-        .map_err(|e| ApiError::invalid("input", format!("the chat template failed: {e}")))?;
+    let text = tools::render_prompt(&state.model.template, req, items)?;
     state.model.tokenizer.encode(&text, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
 }
 

@@ -11,6 +11,7 @@ use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, L
 use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use axum::serve::ListenerExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -128,6 +129,10 @@ async fn serve(addr: SocketAddr, state: Arc<AppState>) -> anyhow::Result<()> {
             let _ = drain_state.draining.send(true);
         });
     };
+    // Streamed events are small writes: disable Nagle so each goes out at once.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app::app(state)).with_graceful_shutdown(signal).await?;
     tracing::info!("shut down");
     Ok(())

@@ -1,0 +1,797 @@
+//! Function tools, basic path (issue 4 part 7): the prompt side (tool
+//! definitions and tool-call history in the prompt) and the output side (a
+//! streaming parser from the model's text to `function_call` items).
+//! Enforcing `tool_choice` at decode time is the tools issue's job; nothing
+//! here changes the prompt with `tool_choice`.
+//!
+//! # Prompt side
+//!
+//! When the model's chat template reads `tools` itself
+//! ([`ChatTemplate::uses_tools`]), the tools go to the template as HF's
+//! `{"type":"function","function":{name, description, parameters}}` and the
+//! messages as [`to_chat_messages`] makes them (assistant `tool_calls`, role
+//! `tool`). Otherwise the **default format** (Hermes/Qwen 2.5 style) applies:
+//!
+//! - The tools section below is appended to the first system message (after
+//!   `\n\n`), or becomes a new leading system message when there is none:
+//!
+//!   ```text
+//!   # Tools
+//!
+//!   You may call one or more functions to assist with the user query.
+//!
+//!   You are provided with function signatures within <tools></tools> XML tags:
+//!   <tools>
+//!   {"type": "function", "function": {"name": "get_weather", "description": "...", "parameters": {...}}}
+//!   </tools>
+//!
+//!   For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+//!   <tool_call>
+//!   {"name": <function-name>, "arguments": <args-json-object>}
+//!   </tool_call>
+//!   ```
+//!
+//!   One tool per line, written like Python's `json.dumps` (`", "` and
+//!   `": "` separators, non-ASCII kept), keys in a fixed order (`type`,
+//!   `function`; `name`, `description`, `parameters`) and the schema's keys
+//!   in the order the request sent them, so the same tool list always
+//!   renders to the same bytes and the prefix cache keeps its hits across
+//!   agent turns.
+//! - An assistant turn with tool calls becomes text: its content, then one
+//!   `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>` block per
+//!   call, separated by `\n` (arguments that are not a JSON object are
+//!   written as sent).
+//! - Tool results (role `tool`, from `function_call_output`) become a user
+//!   turn of `<tool_response>\n…\n</tool_response>` blocks; consecutive
+//!   results share one turn, separated by `\n`.
+//!
+//! # Output side
+//!
+//! [`ToolCallParser`] reads the generated text as it streams and recognises:
+//! - `<tool_call>{"name": "f", "arguments": {...}}</tool_call>` anywhere in
+//!   the output (whitespace around the JSON allowed; `"parameters"` accepted
+//!   for `"arguments"`; `arguments` may also be a string holding a JSON
+//!   object; missing or `null` arguments mean `{}`); several blocks are
+//!   parallel calls, each its own `function_call` item;
+//! - Llama 3 style: the output *starting* with a bare JSON object
+//!   `{"name": "f", "parameters": {...}}` (or `"arguments"`).
+//!
+//! A call is accepted only when `name` is one of the request's tools;
+//! anything else (malformed JSON, an unknown name, an unterminated block) is
+//! passed on unchanged as text, so no text is ever lost. Whitespace between
+//! calls and around them is dropped (so no empty message items appear), as
+//! is a missing or cut-off `</tool_call>` after a complete call.
+//! `parallel_tool_calls: false` keeps the first call only and
+//! `max_tool_calls` caps the calls; calls beyond the cap are dropped.
+//! With `tool_choice: "none"` the output is not parsed at all (it is text).
+//! Arguments are reported as compact JSON in one delta.
+
+use crate::protocol::error::ApiError;
+use crate::protocol::mapper::{new_call_id, MapperInput};
+use crate::protocol::request::ValidRequest;
+use crate::protocol::{
+    to_chat_messages, FunctionTool, InputItem, ResponseObject, ToolChoice, ToolChoiceMode,
+};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use spindle_engine::chat_template::ChatTemplate;
+
+/// Opens a call block.
+pub const TOOL_CALL_OPEN: &str = "<tool_call>";
+/// Closes a call block.
+pub const TOOL_CALL_CLOSE: &str = "</tool_call>";
+
+/// The default tools section up to the tool list.
+const TOOLS_HEAD: &str = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+
+/// The default tools section after the tool list.
+const TOOLS_TAIL: &str = "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+
+/// Renders the prompt text of a turn: `req`'s instructions and tools with
+/// `items` (the history then this turn's input), through the model's chat
+/// template or the default tool format (see the module docs). Does not
+/// depend on `tool_choice`.
+pub fn render_prompt(
+    template: &ChatTemplate,
+    req: &ValidRequest,
+    items: &[InputItem],
+) -> Result<String, ApiError> {
+    let mut messages = to_chat_messages(req.instructions.as_deref(), items)?;
+    let native = template.uses_tools();
+    let tools: Vec<Value> = req
+        .tools
+        .iter()
+        .map(FunctionTool::to_template_tool)
+        .collect();
+    if !native {
+        messages = normalise_history(messages);
+        if !req.tools.is_empty() {
+            add_tools_section(&mut messages, &tools_section(&req.tools));
+        }
+    }
+    let pass = (native && !tools.is_empty()).then_some(tools.as_slice());
+    template
+        .render(&messages, pass, true)
+        .map_err(|e| ApiError::invalid("input", format!("the chat template failed: {e}")))
+}
+
+/// The default format's tools section for `tools` (byte-identical for the
+/// same list).
+pub fn tools_section(tools: &[FunctionTool]) -> String {
+    let mut out = String::from(TOOLS_HEAD);
+    for tool in tools {
+        out.push('\n');
+        out.push_str(&py_json(&tool.to_template_tool()));
+    }
+    out.push_str(TOOLS_TAIL);
+    out
+}
+
+/// Appends `section` to the first system message, or adds a leading one.
+fn add_tools_section(messages: &mut Vec<Value>, section: &str) {
+    if let Some(Value::Object(first)) = messages.first_mut() {
+        if first.get("role").and_then(Value::as_str) == Some("system") {
+            let content = first.get("content").and_then(Value::as_str).unwrap_or("");
+            let joined = if content.is_empty() {
+                section.to_owned()
+            } else {
+                format!("{content}\n\n{section}")
+            };
+            first.insert("content".into(), Value::String(joined));
+            return;
+        }
+    }
+    messages.insert(0, serde_json::json!({"role": "system", "content": section}));
+}
+
+/// Rewrites tool calls and tool results as text for templates that do not
+/// know them (see the module docs).
+fn normalise_history(messages: Vec<Value>) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::with_capacity(messages.len());
+    let mut last_was_tool = false;
+    for message in messages {
+        let Value::Object(mut m) = message else {
+            out.push(message);
+            last_was_tool = false;
+            continue;
+        };
+        match m.get("role").and_then(Value::as_str) {
+            Some("tool") => {
+                let content = m.get("content").and_then(Value::as_str).unwrap_or("");
+                let block = format!("<tool_response>\n{content}\n</tool_response>");
+                match out.last_mut().and_then(Value::as_object_mut) {
+                    Some(prev) if last_was_tool => append_content(prev, "\n", &block),
+                    _ => out.push(serde_json::json!({"role": "user", "content": block})),
+                }
+                last_was_tool = true;
+                continue;
+            }
+            Some("assistant") => {
+                if let Some(Value::Array(calls)) = m.remove("tool_calls") {
+                    for call in &calls {
+                        let sep = match m.get("content").and_then(Value::as_str) {
+                            Some(c) if !c.is_empty() => "\n",
+                            _ => "",
+                        };
+                        append_content(&mut m, sep, &call_block(call));
+                    }
+                }
+            }
+            _ => {}
+        }
+        out.push(Value::Object(m));
+        last_was_tool = false;
+    }
+    out
+}
+
+fn append_content(message: &mut Map<String, Value>, sep: &str, text: &str) {
+    let content = message.get("content").and_then(Value::as_str).unwrap_or("");
+    let joined = format!("{content}{sep}{text}");
+    message.insert("content".into(), Value::String(joined));
+}
+
+/// `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>` for one HF
+/// `tool_calls` entry.
+fn call_block(call: &Value) -> String {
+    let function = call.get("function").unwrap_or(call);
+    let name = function.get("name").cloned().unwrap_or(Value::Null);
+    let arguments = match function.get("arguments") {
+        Some(Value::String(raw)) => raw.clone(),
+        Some(v) => py_json(v),
+        None => "{}".to_owned(),
+    };
+    format!(
+        "{TOOL_CALL_OPEN}\n{{\"name\": {}, \"arguments\": {arguments}}}\n{TOOL_CALL_CLOSE}",
+        py_json(&name)
+    )
+}
+
+/// JSON as Python's `json.dumps(ensure_ascii=False)` writes it.
+fn py_json(value: &Value) -> String {
+    let mut buf = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, PyFormatter);
+    if value.serialize(&mut ser).is_err() {
+        return value.to_string();
+    }
+    String::from_utf8(buf).unwrap_or_else(|_| value.to_string())
+}
+
+/// `", "` between items and `": "` after keys.
+struct PyFormatter;
+
+impl serde_json::ser::Formatter for PyFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+/// Where the parser is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Only whitespace so far: a bare JSON call may still come.
+    Start,
+    /// Plain text (watching for [`TOOL_CALL_OPEN`]).
+    Text,
+    /// Inside `<tool_call>`: buffering the JSON object.
+    Call,
+    /// After a call's JSON: skipping whitespace and [`TOOL_CALL_CLOSE`].
+    Close,
+    /// The output began with `{`: buffering it as a possible bare call.
+    Bare,
+}
+
+/// Result of scanning for the end of a JSON object.
+enum Scan {
+    /// The object (or a mismatched bracket) ends after this many bytes.
+    Complete(usize),
+    /// More text is needed.
+    Incomplete,
+}
+
+/// Streaming parser from generated text to text and function-call
+/// [`MapperInput`]s (formats: see the module docs). Pure: feed deltas with
+/// [`push`](Self::push), end with [`finish`](Self::finish).
+#[derive(Debug, Clone)]
+pub struct ToolCallParser {
+    names: Vec<String>,
+    limit: usize,
+    mode: Mode,
+    /// Text not yet emitted (held back, or the open call's body).
+    buf: String,
+    /// Whitespace just before an open tag (emitted if the block is malformed).
+    held_ws: String,
+    /// A call ended and no text followed yet (leading whitespace is dropped).
+    after_call: bool,
+    /// Calls accepted so far (emitted or dropped by the cap).
+    calls: usize,
+}
+
+impl ToolCallParser {
+    /// A parser accepting calls to `names`; `parallel_tool_calls: false`
+    /// keeps only the first call, `max_tool_calls` caps them.
+    pub fn new<S: Into<String>>(
+        names: impl IntoIterator<Item = S>,
+        parallel_tool_calls: bool,
+        max_tool_calls: Option<u32>,
+    ) -> Self {
+        let cap = max_tool_calls.map_or(usize::MAX, |n| n as usize);
+        Self {
+            names: names.into_iter().map(Into::into).collect(),
+            limit: if parallel_tool_calls { cap } else { cap.min(1) },
+            mode: Mode::Start,
+            buf: String::new(),
+            held_ws: String::new(),
+            after_call: false,
+            calls: 0,
+        }
+    }
+
+    /// The parser for a response echoing its request: `None` without
+    /// function tools or with `tool_choice: "none"` (text is then text).
+    pub fn for_response(response: &ResponseObject) -> Option<Self> {
+        if response.tools.is_empty()
+            || response.tool_choice == ToolChoice::Mode(ToolChoiceMode::None)
+        {
+            return None;
+        }
+        Some(Self::new(
+            response.tools.iter().map(|t| t.name.clone()),
+            response.parallel_tool_calls,
+            response.max_tool_calls,
+        ))
+    }
+
+    /// Feeds generated text; returns what can be reported so far.
+    pub fn push(&mut self, delta: &str) -> Vec<MapperInput> {
+        self.buf.push_str(delta);
+        let mut out = Vec::new();
+        self.drain(false, &mut out);
+        out
+    }
+
+    /// The output ended: flushes everything still held back.
+    pub fn finish(&mut self) -> Vec<MapperInput> {
+        let mut out = Vec::new();
+        self.drain(true, &mut out);
+        out
+    }
+
+    /// Passes `input` through the parser: text is parsed, the end flushes
+    /// the parser before [`MapperInput::Finished`], the rest passes as is.
+    /// (Log-probabilities of parsed text are not kept.)
+    pub fn route(&mut self, input: MapperInput) -> Vec<MapperInput> {
+        match input {
+            MapperInput::TextDelta(text) | MapperInput::TextDeltaWithLogprobs { text, .. } => {
+                self.push(&text)
+            }
+            finished @ MapperInput::Finished { .. } => {
+                let mut out = self.finish();
+                out.push(finished);
+                out
+            }
+            other => vec![other],
+        }
+    }
+
+    /// Runs the state machine until it needs more text (or, at the end,
+    /// until everything is flushed).
+    fn drain(&mut self, end: bool, out: &mut Vec<MapperInput>) {
+        loop {
+            let again = match self.mode {
+                Mode::Start => self.step_start(end),
+                Mode::Text => self.step_text(end, out),
+                Mode::Call => self.step_call(end, out),
+                Mode::Close => self.step_close(end),
+                Mode::Bare => self.step_bare(end, out),
+            };
+            if !again {
+                return;
+            }
+        }
+    }
+
+    fn step_start(&mut self, end: bool) -> bool {
+        let trimmed = self.buf.trim_start();
+        if trimmed.is_empty() && !end {
+            return false;
+        }
+        self.mode = if trimmed.starts_with('{') {
+            Mode::Bare
+        } else {
+            Mode::Text
+        };
+        true
+    }
+
+    fn step_text(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        if let Some(at) = self.buf.find(TOOL_CALL_OPEN) {
+            let before = self.buf[..at].trim_end().to_owned();
+            self.held_ws = self.buf[before.len()..at].to_owned();
+            self.buf.drain(..at + TOOL_CALL_OPEN.len());
+            self.emit_text(&before, out);
+            self.mode = Mode::Call;
+            return true;
+        }
+        if end {
+            let rest = std::mem::take(&mut self.buf);
+            self.emit_text(&rest, out);
+            return false;
+        }
+        let keep_from = self.buf.len() - partial_suffix(&self.buf, TOOL_CALL_OPEN);
+        let ready = self.buf[..keep_from].trim_end().len();
+        let text: String = self.buf.drain(..ready).collect();
+        self.emit_text(&text, out);
+        false
+    }
+
+    fn step_call(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        let lead = self.buf.len() - self.buf.trim_start().len();
+        let body = &self.buf[lead..];
+        if body.is_empty() {
+            return end && self.malformed(out);
+        }
+        if !body.starts_with('{') {
+            return self.malformed(out);
+        }
+        match scan_object(body) {
+            Scan::Complete(n) => match self.parse_call(&body[..n]) {
+                Some((name, arguments)) => {
+                    self.buf.drain(..lead + n);
+                    self.held_ws.clear();
+                    self.accept(name, arguments, out);
+                    self.mode = Mode::Close;
+                    true
+                }
+                None => self.malformed(out),
+            },
+            Scan::Incomplete if end || body.contains(TOOL_CALL_CLOSE) => self.malformed(out),
+            Scan::Incomplete => false,
+        }
+    }
+
+    fn step_close(&mut self, end: bool) -> bool {
+        let trimmed = self.buf.trim_start();
+        if let Some(rest) = trimmed.strip_prefix(TOOL_CALL_CLOSE) {
+            self.buf = rest.to_owned();
+            self.mode = Mode::Text;
+            return true;
+        }
+        if TOOL_CALL_CLOSE.starts_with(trimmed) {
+            // Whitespace or a cut-off closing tag: wait, or drop at the end.
+            if !end {
+                return false;
+            }
+            self.buf.clear();
+        }
+        self.mode = Mode::Text;
+        true
+    }
+
+    fn step_bare(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        let lead = self.buf.len() - self.buf.trim_start().len();
+        let body = &self.buf[lead..];
+        match scan_object(body) {
+            Scan::Complete(n) => {
+                if let Some((name, arguments)) = self.parse_call(&body[..n]) {
+                    self.buf.drain(..lead + n);
+                    self.accept(name, arguments, out);
+                    self.mode = Mode::Close;
+                } else {
+                    self.mode = Mode::Text;
+                }
+                true
+            }
+            Scan::Incomplete if end => {
+                self.mode = Mode::Text;
+                true
+            }
+            Scan::Incomplete => false,
+        }
+    }
+
+    /// The open block is not a call: its tag (with the whitespace before it)
+    /// and body go on as text.
+    fn malformed(&mut self, out: &mut Vec<MapperInput>) -> bool {
+        let tag = format!("{}{TOOL_CALL_OPEN}", std::mem::take(&mut self.held_ws));
+        self.emit_text(&tag, out);
+        self.mode = Mode::Text;
+        true
+    }
+
+    /// Emits `text` (without leading whitespace right after a call).
+    fn emit_text(&mut self, text: &str, out: &mut Vec<MapperInput>) {
+        let text = if self.after_call {
+            text.trim_start()
+        } else {
+            text
+        };
+        if !text.is_empty() {
+            out.push(MapperInput::TextDelta(text.to_owned()));
+            self.after_call = false;
+        }
+    }
+
+    /// Reports a parsed call unless the cap is reached.
+    fn accept(&mut self, name: String, arguments: String, out: &mut Vec<MapperInput>) {
+        if self.calls < self.limit {
+            out.push(MapperInput::FunctionCallStarted {
+                call_id: new_call_id(),
+                name,
+            });
+            out.push(MapperInput::FunctionCallArgumentsDelta(arguments));
+            out.push(MapperInput::FunctionCallDone);
+        }
+        self.calls = self.calls.saturating_add(1);
+        self.after_call = true;
+    }
+
+    /// `(name, compact arguments)` when `json` is a call to a known tool.
+    fn parse_call(&self, json: &str) -> Option<(String, String)> {
+        let value: Value = serde_json::from_str(json).ok()?;
+        let object = value.as_object()?;
+        let name = object.get("name")?.as_str()?;
+        if !self.names.iter().any(|n| n == name) {
+            return None;
+        }
+        let arguments = match object.get("arguments").or_else(|| object.get("parameters")) {
+            None | Some(Value::Null) => "{}".to_owned(),
+            Some(v @ Value::Object(_)) => v.to_string(),
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(s).ok()? {
+                v @ Value::Object(_) => v.to_string(),
+                _ => return None,
+            },
+            Some(_) => return None,
+        };
+        Some((name.to_owned(), arguments))
+    }
+}
+
+/// Routes `inputs` through `parser` when there is one.
+pub fn route_all(
+    parser: Option<&mut ToolCallParser>,
+    inputs: Vec<MapperInput>,
+) -> Vec<MapperInput> {
+    match parser {
+        None => inputs,
+        Some(p) => inputs.into_iter().flat_map(|i| p.route(i)).collect(),
+    }
+}
+
+/// Length of the longest proper prefix of `tag` that `text` ends with.
+fn partial_suffix(text: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| text.ends_with(&tag[..n]))
+        .unwrap_or(0)
+}
+
+/// Finds where the JSON value opening `text` (a `{`) closes, by bracket
+/// depth outside strings.
+fn scan_object(text: &str) -> Scan {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, b) in text.bytes().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Scan::Complete(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    Scan::Incomplete
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::protocol::request::{validate, RequestLimits};
+    use serde_json::json;
+
+    /// Text runs merged; calls as `name(args)`.
+    fn summary(inputs: &[MapperInput]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut text: Option<String> = None;
+        for input in inputs {
+            match input {
+                MapperInput::TextDelta(t) => text.get_or_insert_with(String::new).push_str(t),
+                MapperInput::FunctionCallStarted { call_id, name } => {
+                    out.extend(text.take());
+                    assert!(call_id.starts_with("call_"));
+                    out.push(format!("{name}("));
+                }
+                MapperInput::FunctionCallArgumentsDelta(a) => {
+                    out.last_mut().unwrap().push_str(a);
+                }
+                MapperInput::FunctionCallDone => out.last_mut().unwrap().push(')'),
+                other => out.push(format!("{other:?}")),
+            }
+        }
+        out.extend(text);
+        out
+    }
+
+    fn parser() -> ToolCallParser {
+        ToolCallParser::new(["get_weather", "get_time"], true, None)
+    }
+
+    /// Runs `output` whole, char by char and in 3-char pieces through
+    /// `make()`; all must give `expected`.
+    fn check(make: impl Fn() -> ToolCallParser, output: &str, expected: &[&str]) {
+        let chars: Vec<char> = output.chars().collect();
+        for size in [usize::MAX, 1, 3] {
+            let mut p = make();
+            let mut inputs = Vec::new();
+            for piece in chars.chunks(size.min(chars.len().max(1))) {
+                inputs.extend(p.push(&piece.iter().collect::<String>()));
+            }
+            inputs.extend(p.finish());
+            assert_eq!(summary(&inputs), expected, "pieces of {size}: {output:?}");
+        }
+    }
+
+    const CALL_A: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    const CALL_B: &str =
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call>";
+
+    #[test]
+    fn plain_text_passes_through_and_streams() {
+        check(
+            parser,
+            "Hello there, friend.\n",
+            &["Hello there, friend.\n"],
+        );
+        check(parser, "a < b and <tool", &["a < b and <tool"]);
+        let mut p = parser();
+        assert_eq!(summary(&p.push("Hello")), ["Hello"]);
+        assert_eq!(summary(&p.push(" <tool_")), Vec::<String>::new());
+        assert_eq!(summary(&p.push("x")), [" <tool_x"]);
+    }
+
+    #[test]
+    fn one_call_becomes_started_arguments_done() {
+        let mut p = parser();
+        let mut inputs = p.push(CALL_A);
+        inputs.extend(p.finish());
+        assert!(
+            matches!(&inputs[0], MapperInput::FunctionCallStarted { name, .. } if name == "get_weather")
+        );
+        assert_eq!(
+            inputs[1],
+            MapperInput::FunctionCallArgumentsDelta(r#"{"city":"Paris"}"#.into())
+        );
+        assert_eq!(inputs[2], MapperInput::FunctionCallDone);
+        assert_eq!(inputs.len(), 3);
+        check(parser, CALL_A, &[r#"get_weather({"city":"Paris"})"#]);
+    }
+
+    #[test]
+    fn two_calls_are_two_items_without_text_between() {
+        let out = format!("{CALL_A}\n{CALL_B}\n");
+        check(
+            parser,
+            &out,
+            &[
+                r#"get_weather({"city":"Paris"})"#,
+                r#"get_time({"tz":"UTC"})"#,
+            ],
+        );
+        let mut p = parser();
+        let ids: Vec<String> = p
+            .push(&out)
+            .into_iter()
+            .filter_map(|i| match i {
+                MapperInput::FunctionCallStarted { call_id, .. } => Some(call_id),
+                _ => None,
+            })
+            .collect();
+        assert!(ids.len() == 2 && ids[0] != ids[1]);
+    }
+
+    #[test]
+    fn text_before_and_after_a_call() {
+        let out = format!("Let me check.\n{CALL_A}\nDone: it is sunny.");
+        check(
+            parser,
+            &out,
+            &[
+                "Let me check.",
+                r#"get_weather({"city":"Paris"})"#,
+                "Done: it is sunny.",
+            ],
+        );
+    }
+
+    #[test]
+    fn malformed_blocks_stay_text() {
+        for out in [
+            "Hi <tool_call>{\"name\": \"get_weather\", oops}</tool_call> bye",
+            "Hi <tool_call>not json</tool_call>",
+            "Hi <tool_call>{\"name\": \"unknown_fn\", \"arguments\": {}}</tool_call>",
+            "Hi <tool_call>{\"name\": \"get_weather\", \"arguments\": [1]}</tool_call>",
+            "Hi <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"a\": 1}</tool_call>",
+            "Hi <tool_call>{\"name\": \"get_weather\", \"argu",
+            "Hi <tool_call>",
+        ] {
+            check(parser, out, &[out]);
+        }
+        let out = format!("<tool_call>[1]</tool_call>{CALL_B}");
+        check(
+            parser,
+            &out,
+            &["<tool_call>[1]</tool_call>", r#"get_time({"tz":"UTC"})"#],
+        );
+    }
+
+    #[test]
+    fn parallel_tool_calls_false_keeps_the_first_call() {
+        let out = format!("{CALL_A}\n{CALL_B}\n{CALL_A}");
+        let single = || ToolCallParser::new(["get_weather", "get_time"], false, None);
+        check(single, &out, &[r#"get_weather({"city":"Paris"})"#]);
+    }
+
+    #[test]
+    fn max_tool_calls_caps_the_calls() {
+        let out = format!("{CALL_A}{CALL_B}{CALL_A}");
+        let capped = || ToolCallParser::new(["get_weather", "get_time"], true, Some(2));
+        check(
+            capped,
+            &out,
+            &[
+                r#"get_weather({"city":"Paris"})"#,
+                r#"get_time({"tz":"UTC"})"#,
+            ],
+        );
+    }
+
+    #[test]
+    fn argument_variants_and_bare_json() {
+        let out = r#"<tool_call>{"name": "get_time", "parameters": {"tz": "CET"}}</tool_call>"#;
+        check(parser, out, &[r#"get_time({"tz":"CET"})"#]);
+        let out =
+            r#"<tool_call>{"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}</tool_call>"#;
+        check(parser, out, &[r#"get_time({"tz":"CET"})"#]);
+        check(
+            parser,
+            r#"<tool_call>{"name": "get_time"}"#,
+            &["get_time({})"],
+        );
+        let llama = r#" {"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
+        check(parser, llama, &[r#"get_weather({"city":"Oslo"})"#]);
+        check(
+            parser,
+            r#"{"answer": 42} is JSON"#,
+            &[r#"{"answer": 42} is JSON"#],
+        );
+        check(parser, r#"{"name": "x"}"#, &[r#"{"name": "x"}"#]);
+    }
+
+    #[test]
+    fn route_flushes_before_finished_and_for_response_reads_the_request() {
+        let mut p = parser();
+        assert!(p.route(MapperInput::TextDelta("ok <tool_c".into())).len() == 1);
+        let finished = MapperInput::Finished {
+            reason: crate::protocol::FinishKind::Stop,
+            usage: Default::default(),
+        };
+        let out = p.route(finished.clone());
+        assert_eq!(
+            out,
+            vec![MapperInput::TextDelta(" <tool_c".into()), finished]
+        );
+        let req = |extra: Value| {
+            let mut body = json!({"input": "x", "tools": [{"type": "function", "name": "f"}]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let req = validate(body, &RequestLimits::default()).unwrap();
+            ResponseObject::new("resp_1".into(), 0, &req)
+        };
+        assert!(ToolCallParser::for_response(&req(json!({}))).is_some());
+        assert!(ToolCallParser::for_response(&req(json!({"tool_choice": "none"}))).is_none());
+        assert!(ToolCallParser::for_response(&req(json!({"tools": []}))).is_none());
+    }
+}

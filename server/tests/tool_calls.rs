@@ -1,0 +1,394 @@
+//! Function tools, basic path: the default tool format in the prompt (stable,
+//! independent of `tool_choice`), the function-call history round trip, and
+//! the digest's §5d streaming order for parsed calls (parser + mapper, no
+//! model); then the same over a real socket with the real model.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use serde_json::{json, Value};
+use spindle_engine::chat_template::ChatTemplate;
+use spindle_engine::load::load_model;
+use spindle_engine::runner::ModelRunner;
+use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
+use spindle_server::app::tools::{render_prompt, tools_section, ToolCallParser};
+use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
+use spindle_server::protocol::{
+    validate, FinishKind, MapperInput, RequestLimits, ResponseMapper, UsageCounts, ValidRequest,
+};
+use spindle_server::store::{SqliteStore, StoreConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+const WEATHER: &str = r#"{"type": "function", "name": "get_weather", "description": "Weather now.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}"#;
+const TIME: &str = r#"{"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}"#;
+
+fn tools() -> Value {
+    json!([serde_json::from_str::<Value>(WEATHER).unwrap(), serde_json::from_str::<Value>(TIME).unwrap()])
+}
+
+fn request(body: Value) -> ValidRequest {
+    validate(body, &RequestLimits::default()).unwrap()
+}
+
+/// The history of one tool round: a question, two parallel calls, their results.
+fn round_trip_input() -> Value {
+    json!([
+        {"type": "message", "role": "user", "content": "Weather in Paris and Lyon?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+        {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": "{\"city\":\"Lyon\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "rain"},
+    ])
+}
+
+#[test]
+fn default_tools_section_is_the_documented_text() {
+    let req = request(json!({"input": "x", "tools": [serde_json::from_str::<Value>(WEATHER).unwrap()]}));
+    let expected = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather now.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+    assert_eq!(tools_section(&req.tools), expected);
+}
+
+#[test]
+fn default_format_ignores_tool_choice_and_renders_history_as_text() {
+    let t = ChatTemplate::chatml_default();
+    assert!(!t.uses_tools());
+    let body = |choice: Value| {
+        let mut b = json!({"input": round_trip_input(), "tools": tools(), "instructions": "Be brief."});
+        if !choice.is_null() {
+            b["tool_choice"] = choice;
+        }
+        request(b)
+    };
+    let auto = body(Value::Null);
+    let a = render_prompt(&t, &auto, &auto.input).unwrap();
+    for choice in [json!("none"), json!("required"), json!({"type": "function", "name": "get_time"})] {
+        let other = body(choice);
+        assert_eq!(a, render_prompt(&t, &other, &other.input).unwrap());
+    }
+    let expected = format!(
+        "<|im_start|>system\nBe brief.\n\n{}<|im_end|>\n<|im_start|>user\nWeather in Paris and Lyon?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"Paris\"}}}}\n</tool_call>\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"Lyon\"}}}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrain\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        tools_section(&auto.tools)
+    );
+    assert_eq!(a, expected);
+    let plain = request(json!({"input": "hi", "tools": tools()}));
+    let p = render_prompt(&t, &plain, &plain.input).unwrap();
+    assert!(p.starts_with("<|im_start|>system\n# Tools\n"), "{p}");
+}
+
+#[test]
+fn templates_that_read_tools_get_them_natively() {
+    let src = "{% if tools %}TOOLS{{ tools | length }}|{% endif %}{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}[calls]{% endif %}|{% endfor %}";
+    let t = ChatTemplate::new(src, "", "").unwrap();
+    assert!(t.uses_tools());
+    let req = request(json!({"input": [
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"}], "tools": tools()}));
+    assert_eq!(render_prompt(&t, &req, &req.input).unwrap(), "TOOLS2|assistant:[calls]|tool:ok|");
+}
+
+/// Feeds `output` one char at a time through parser and mapper, then ends.
+fn stream_through(req: &ValidRequest, output: &str) -> (Vec<Value>, Value) {
+    let mut mapper = ResponseMapper::new("resp_t".into(), 1, req);
+    let mut parser = ToolCallParser::for_response(mapper.response_ref()).expect("tools on");
+    let mut events = mapper.start();
+    let finished = MapperInput::Finished { reason: FinishKind::Stop, usage: UsageCounts::default() };
+    let inputs = output.chars().map(|c| MapperInput::TextDelta(c.to_string())).chain([finished]);
+    for input in inputs {
+        for routed in parser.route(input) {
+            events.extend(mapper.push(routed));
+        }
+    }
+    let events: Vec<Value> = events.iter().map(|e| serde_json::to_value(e).unwrap()).collect();
+    (events, serde_json::to_value(mapper.response()).unwrap())
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+#[test]
+fn a_parsed_call_streams_in_the_exact_5d_order() {
+    let req = request(json!({"model": "m", "input": "x", "tools": tools()}));
+    let output = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    let (events, response) = stream_through(&req, output);
+    assert_eq!(
+        types(&events),
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["sequence_number"], i);
+    }
+    let added = &events[2]["item"];
+    assert_eq!(events[2]["output_index"], 0);
+    assert_eq!((added["type"].as_str(), added["name"].as_str()), (Some("function_call"), Some("get_weather")));
+    assert_eq!((added["arguments"].as_str(), added["status"].as_str()), (Some(""), Some("in_progress")));
+    let id = added["id"].as_str().unwrap();
+    assert!(id.starts_with("fc_") && added["call_id"].as_str().unwrap().starts_with("call_"));
+    let args = r#"{"city":"Paris"}"#;
+    assert_eq!((events[3]["item_id"].as_str(), events[3]["delta"].as_str()), (Some(id), Some(args)));
+    assert_eq!((events[4]["item_id"].as_str(), events[4]["arguments"].as_str()), (Some(id), Some(args)));
+    assert_eq!(events[5]["item"]["status"], "completed");
+    assert_eq!(events[5]["item"]["arguments"], args);
+    assert_eq!(response["output"], json!([events[5]["item"].clone()]));
+    assert_eq!(events[6]["response"]["output"], response["output"]);
+}
+
+#[test]
+fn text_then_two_parallel_calls_are_three_items() {
+    let req = request(json!({"model": "m", "input": "x", "tools": tools()}));
+    let output = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n</tool_call>";
+    let (events, response) = stream_through(&req, output);
+    let block = |kind: &str| -> Vec<&str> {
+        if kind == "message" {
+            let mut v = vec!["response.output_item.added", "response.content_part.added"];
+            v.extend(["response.output_text.delta"; 9]);
+            v.extend(["response.output_text.done", "response.content_part.done", "response.output_item.done"]);
+            v
+        } else {
+            vec![
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+            ]
+        }
+    };
+    let mut expected = vec!["response.created", "response.in_progress"];
+    for kind in ["message", "call", "call"] {
+        expected.extend(block(kind));
+    }
+    expected.push("response.completed");
+    assert_eq!(types(&events), expected);
+    let out = response["output"].as_array().unwrap();
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0]["content"][0]["text"], "Checking.");
+    assert_eq!((out[1]["name"].as_str(), out[2]["name"].as_str()), (Some("get_weather"), Some("get_time")));
+    assert_ne!(out[1]["call_id"], out[2]["call_id"]);
+    for (i, e) in events.iter().enumerate().filter(|(_, e)| e["type"] == "response.output_item.added") {
+        let index = e["output_index"].as_u64().unwrap() as usize;
+        assert_eq!(out[index]["id"], e["item"]["id"], "event {i}");
+    }
+    let single = request(json!({"model": "m", "input": "x", "tools": tools(), "parallel_tool_calls": false}));
+    let (_, response) = stream_through(&single, output);
+    assert_eq!(response["output"].as_array().map(Vec::len), Some(2));
+}
+
+// ---- over a real socket, with the real model ----
+
+struct Server {
+    base: String,
+    state: Arc<AppState>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Option<Server> {
+    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
+        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
+        return None;
+    };
+    let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
+    let blocks = 256;
+    let config = SchedulerConfig {
+        num_blocks: blocks,
+        context_length: m.model.config().context_length,
+        ..SchedulerConfig::default()
+    };
+    let context_length = config.context_length;
+    let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000))
+        .expect("store");
+    let state = Arc::new(AppState {
+        scheduler,
+        model: ModelInfo {
+            name: "smollm2-135m-instruct".into(),
+            tokenizer: m.tokenizer,
+            template: m.template,
+            context_length,
+            created: 0,
+        },
+        store: Arc::new(store),
+        keys: ApiKeys::new(vec![]),
+        limits: Limits::default(),
+        metrics: HttpMetrics::default(),
+        running: Default::default(),
+        draining: tokio::sync::watch::channel(false).0,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let router = app::app(state.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Some(Server { base, state, _dir: dir })
+}
+
+async fn post(s: &Server, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Every output item is a finished message or a function call to a known
+/// tool with JSON-object arguments.
+fn assert_well_formed(r: &Value) {
+    let out = r["output"].as_array().expect("output");
+    println!("output: {}", r["output"]);
+    assert!(!out.is_empty(), "{r}");
+    for item in out {
+        match item["type"].as_str() {
+            Some("message") => assert_eq!(item["role"], "assistant"),
+            Some("function_call") => {
+                assert!(matches!(item["name"].as_str(), Some("get_weather" | "get_time")), "{item}");
+                let args: Value = serde_json::from_str(item["arguments"].as_str().unwrap()).expect("arguments");
+                assert!(args.is_object(), "{item}");
+            }
+            other => panic!("unexpected item {other:?}: {r}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn served_prompt_has_the_tools_block_and_ignores_tool_choice() {
+    let Some(s) = start().await else { return };
+    let template = &s.state.model.template;
+    assert!(!template.uses_tools(), "SmolLM2's template has no tools: the default format applies");
+    let with = |choice: Value| request(json!({"input": "What is the weather in Paris?", "tools": tools(), "tool_choice": choice}));
+    let (auto, required) = (with(json!("auto")), with(json!("required")));
+    let prompt = render_prompt(template, &auto, &auto.input).unwrap();
+    assert!(prompt.contains(&tools_section(&auto.tools)), "{prompt}");
+    assert!(prompt.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""));
+    assert_eq!(prompt, render_prompt(template, &required, &required.input).unwrap());
+
+    let body = |choice: &str| {
+        json!({"model": "smollm2-135m-instruct", "input": "What is the weather in Paris?", "tools": tools(),
+               "tool_choice": choice, "max_output_tokens": 24, "temperature": 0, "store": false})
+    };
+    let (status, first) = post(&s, body("auto")).await;
+    assert_eq!(status, 200, "{first}");
+    assert_well_formed(&first);
+    let (status, second) = post(&s, body("required")).await;
+    assert_eq!(status, 200, "{second}");
+    assert_well_formed(&second);
+    let tokens = |r: &Value| r["usage"]["input_tokens"].as_u64().unwrap();
+    assert_eq!(tokens(&first), tokens(&second), "tool_choice must not change the prompt");
+    let cached = second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0, "the same prompt hits the prefix cache: {second}");
+    let (status, bare) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "What is the weather in Paris?", "max_output_tokens": 16, "store": false})).await;
+    assert_eq!(status, 200, "{bare}");
+    assert!(tokens(&bare) + 50 < tokens(&first), "the tools block is in the served prompt");
+}
+
+#[tokio::test]
+async fn function_call_output_round_trips_through_a_chain() {
+    let Some(s) = start().await else { return };
+    let body = json!({"model": "smollm2-135m-instruct", "input": round_trip_input(), "tools": tools(),
+                      "max_output_tokens": 24, "temperature": 0});
+    let (status, first) = post(&s, body).await;
+    assert_eq!(status, 200, "{first}");
+    assert!(matches!(first["status"].as_str(), Some("completed" | "incomplete")), "{first}");
+    assert_well_formed(&first);
+    let prev = first["id"].as_str().unwrap();
+    let next = json!({"model": "smollm2-135m-instruct", "previous_response_id": prev, "tools": tools(),
+                      "input": [{"type": "function_call", "call_id": "call_3", "name": "get_time", "arguments": "{\"tz\":\"CET\"}"},
+                                {"type": "function_call_output", "call_id": "call_3", "output": "12:00"}],
+                      "max_output_tokens": 16, "temperature": 0});
+    let (status, second) = post(&s, next).await;
+    assert_eq!(status, 200, "{second}");
+    assert_well_formed(&second);
+    assert!(second["usage"]["input_tokens"].as_u64() > first["usage"]["input_tokens"].as_u64());
+    assert!(second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{second}");
+    let none = json!({"model": "smollm2-135m-instruct", "input": round_trip_input(), "tools": tools(),
+                      "tool_choice": "none", "max_output_tokens": 16, "temperature": 0, "store": false});
+    let (status, r) = post(&s, none).await;
+    assert_eq!(status, 200, "{r}");
+    assert!(r["output"].as_array().unwrap().iter().all(|i| i["type"] == "message"), "tool_choice none: text only: {r}");
+}
+
+/// Parse an SSE body into data JSON objects; checks framing.
+fn parse_sse(text: &str) -> Vec<Value> {
+    assert!(text.ends_with("data: [DONE]\n\n"), "stream must end with [DONE]: {text:?}");
+    let blocks = text.split("\n\n").filter(|b| !b.is_empty() && !b.starts_with(':') && *b != "data: [DONE]");
+    blocks
+        .map(|b| {
+            let mut lines = b.lines();
+            let event = lines.next().and_then(|l| l.strip_prefix("event: ")).expect("event line");
+            let data: Value = serde_json::from_str(lines.next().and_then(|l| l.strip_prefix("data: ")).expect("data"))
+                .expect("json data");
+            assert_eq!(data["type"], event);
+            data
+        })
+        .collect()
+}
+
+/// Checks the digest's item-level order for message and function-call items.
+fn assert_item_order(events: &[Value]) {
+    let kinds = types(events);
+    assert_eq!(kinds[..2], ["response.created", "response.in_progress"]);
+    assert!(matches!(kinds.last(), Some(&("response.completed" | "response.incomplete"))), "{kinds:?}");
+    let mut i = 2;
+    let mut index = 0;
+    while i < kinds.len() - 1 {
+        assert_eq!(kinds[i], "response.output_item.added", "{kinds:?}");
+        assert_eq!(events[i]["output_index"], index);
+        let is_call = events[i]["item"]["type"] == "function_call";
+        let (body, done) = if is_call {
+            (["response.function_call_arguments.delta"].as_slice(), "response.function_call_arguments.done")
+        } else {
+            assert_eq!(kinds[i + 1], "response.content_part.added");
+            i += 1;
+            (["response.output_text.delta"].as_slice(), "response.output_text.done")
+        };
+        i += 1;
+        while body.contains(&kinds[i]) {
+            i += 1;
+        }
+        assert_eq!(kinds[i], done, "{kinds:?}");
+        if !is_call {
+            i += 1;
+            assert_eq!(kinds[i], "response.content_part.done");
+        }
+        assert_eq!(kinds[i + 1], "response.output_item.done");
+        i += 2;
+        index += 1;
+    }
+}
+
+#[tokio::test]
+async fn streamed_responses_with_tools_keep_the_item_order() {
+    let Some(s) = start().await else { return };
+    let body = json!({"model": "smollm2-135m-instruct", "tools": tools(), "stream": true, "store": false,
+        "input": few_shot(),
+        "max_output_tokens": 48, "temperature": 0});
+    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
+    assert_eq!(r.status(), 200);
+    let events = parse_sse(&r.text().await.expect("body"));
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["sequence_number"], i);
+    }
+    println!("events: {:?}", types(&events));
+    let last = events.last().expect("events");
+    assert_well_formed(&last["response"]);
+    assert_item_order(&events);
+}
+
+/// Three question → call rounds, then a fourth question: greedy decoding of
+/// even a tiny model tends to continue the pattern with a call.
+fn few_shot() -> Value {
+    let mut items = Vec::new();
+    for (i, tz) in ["UTC", "CET", "PST"].iter().enumerate() {
+        items.push(json!({"type": "message", "role": "user", "content": format!("What time is it in {tz}?")}));
+        let call_id = format!("call_{i}");
+        let arguments = json!({"tz": tz}).to_string();
+        items.push(json!({"type": "function_call", "call_id": call_id, "name": "get_time", "arguments": arguments}));
+        items.push(json!({"type": "function_call_output", "call_id": call_id, "output": "12:00"}));
+        items.push(json!({"type": "message", "role": "assistant", "content": "It is 12:00."}));
+    }
+    items.push(json!({"type": "message", "role": "user", "content": "What time is it in EST?"}));
+    Value::Array(items)
+}
