@@ -20,12 +20,15 @@ struct Server {
 }
 
 async fn start(keys: Vec<String>) -> Option<Server> {
+    start_with_blocks(keys, 256).await
+}
+
+async fn start_with_blocks(keys: Vec<String>, blocks: usize) -> Option<Server> {
     let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
         println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
         return None;
     };
     let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
-    let blocks = 256;
     let config = SchedulerConfig {
         num_blocks: blocks,
         context_length: m.model.config().context_length,
@@ -255,4 +258,80 @@ async fn api_keys_are_required_when_configured() {
     assert_eq!(health.status(), 200);
     let metrics = reqwest::get(format!("{}/metrics", s.base)).await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("spindle_kv_blocks_free"));
+}
+
+#[tokio::test]
+async fn stored_streams_replay_from_a_sequence_number() {
+    let Some(s) = start(vec![]).await else { return };
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/responses", s.base))
+        .json(&json!({"model": "smollm2-135m-instruct", "input": "Count to five.", "stream": true, "max_output_tokens": 16}))
+        .send()
+        .await
+        .expect("send");
+    let live = parse_sse(&r.text().await.expect("body"));
+    let id = live[0].1["response"]["id"].as_str().expect("id").to_string();
+    let replay = reqwest::get(format!("{}/v1/responses/{id}?stream=true&starting_after=3", s.base))
+        .await
+        .expect("replay")
+        .text()
+        .await
+        .expect("body");
+    let replayed = parse_sse(&replay);
+    assert_eq!(replayed.len(), live.len() - 4, "events after sequence number 3");
+    for ((e1, d1), (e2, d2)) in live[4..].iter().zip(&replayed) {
+        assert_eq!(e1, e2);
+        assert_eq!(d1, d2);
+    }
+}
+
+#[tokio::test]
+async fn truncation_auto_drops_the_oldest_turns_but_disabled_refuses() {
+    // 64 blocks of 16: the server can hold 1024 tokens, so ~300-token turns
+    // overflow after three turns.
+    let Some(s) = start_with_blocks(vec![], 64).await else { return };
+    let model = "smollm2-135m-instruct";
+    let long = "lorem ipsum dolor sit amet ".repeat(60);
+    let mut prev: Option<String> = None;
+    for _ in 0..5 {
+        let mut body = json!({"model": model, "input": long, "max_output_tokens": 16, "truncation": "auto"});
+        if let Some(p) = &prev {
+            body["previous_response_id"] = json!(p);
+        }
+        let (status, r) = post(&s, body).await;
+        assert_eq!(status, 200, "{r}");
+        prev = r["id"].as_str().map(str::to_string);
+    }
+    // Five turns of ~300 tokens exceed the 1024-token capacity: auto dropped old turns.
+    let body = json!({"model": model, "input": long, "max_output_tokens": 16, "previous_response_id": prev, "truncation": "disabled", "instructions": "Be brief."});
+    let (status, r) = post(&s, body).await;
+    assert_eq!(status, 400, "{r}");
+    assert_eq!(r["error"]["code"], "context_length_exceeded");
+    let body = json!({"model": model, "input": long, "max_output_tokens": 16, "previous_response_id": prev, "truncation": "auto", "instructions": "Be brief."});
+    let (status, r) = post(&s, body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["instructions"], "Be brief.");
+}
+
+#[tokio::test]
+async fn ops_routes_report_the_model_and_metrics() {
+    let Some(s) = start(vec![]).await else { return };
+    let models: Value = reqwest::get(format!("{}/v1/models", s.base)).await.expect("models").json().await.expect("json");
+    assert_eq!(models["data"][0]["id"], "smollm2-135m-instruct");
+    assert_eq!(reqwest::get(format!("{}/ready", s.base)).await.expect("ready").status(), 200);
+    let (status, _) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "hi", "max_output_tokens": 16})).await;
+    assert_eq!(status, 200);
+    let m = reqwest::get(format!("{}/metrics", s.base)).await.expect("metrics").text().await.expect("text");
+    for name in [
+        "spindle_requests_total{route=\"/v1/responses\",status=\"200\"} 1",
+        "spindle_time_to_first_token_seconds_count 1",
+        "spindle_inter_token_latency_seconds_bucket",
+        "spindle_output_tokens_total",
+        "spindle_cached_tokens_total",
+        "spindle_queue_depth",
+        "spindle_running_sequences",
+        "spindle_kv_blocks_used",
+    ] {
+        assert!(m.contains(name), "missing {name} in\n{m}");
+    }
 }

@@ -36,6 +36,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))
         .route("/metrics", get(ops::metrics))
+        .fallback(|| async { ApiError::not_found("No such route.") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(405, crate::protocol::ErrorKind::InvalidRequest, "Method not allowed for this route.")
+        })
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
         .with_state(state)

@@ -54,7 +54,8 @@
 //!   object; missing or `null` arguments mean `{}`); several blocks are
 //!   parallel calls, each its own `function_call` item;
 //! - Llama 3 style: the output *starting* with a bare JSON object
-//!   `{"name": "f", "parameters": {...}}` (or `"arguments"`).
+//!   `{"name": "f", "parameters": {...}}` (or `"arguments"`); such an
+//!   answer is held back until its first object closes.
 //!
 //! A call is accepted only when `name` is one of the request's tools;
 //! anything else (malformed JSON, an unknown name, an unterminated block) is

@@ -42,9 +42,14 @@ pub fn history(state: &AppState, previous: Option<&str>) -> Result<Vec<Value>, A
 pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Result<PreparedTurn, ApiError> {
     let parsed: Vec<InputItem> = history
         .iter()
-        .filter_map(|v| serde_json::from_value::<InputItem>(v.clone()).ok())
-        .collect();
-    let limit = state.model.context_length;
+        .map(|v| serde_json::from_value::<InputItem>(v.clone()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ApiError::internal(format!("a stored item no longer parses: {e}")))?;
+    check_call_ids(&parsed, &req.input)?;
+    // The prompt must fit the context window and, with room for one output
+    // token, the KV pool.
+    let cfg = state.scheduler.config();
+    let limit = state.model.context_length.min(cfg.num_blocks * cfg.block_size);
     let mut skip = 0;
     loop {
         let items: Vec<InputItem> = parsed[skip..].iter().chain(req.input.iter()).cloned().collect();
@@ -57,6 +62,30 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Res
         }
         skip += 1;
     }
+}
+
+/// Every `function_call_output` must answer a `function_call` of this
+/// conversation (earlier turns or this input).
+fn check_call_ids(history: &[InputItem], input: &[InputItem]) -> Result<(), ApiError> {
+    let known: std::collections::HashSet<&str> = history
+        .iter()
+        .chain(input)
+        .filter_map(|i| match i {
+            InputItem::FunctionCall(c) => Some(c.call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    for (i, item) in input.iter().enumerate() {
+        if let InputItem::FunctionCallOutput(o) = item {
+            if !known.contains(o.call_id.as_str()) {
+                return Err(ApiError::invalid(
+                    format!("input[{i}].call_id"),
+                    format!("No tool call found for function call output with call_id '{}'.", o.call_id),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Tools go through the chat template, or the default tool format when the
