@@ -96,6 +96,9 @@ async fn non_streaming_text_response_has_every_key() {
     assert!(r["id"].as_str().is_some_and(|id| id.starts_with("resp_")));
     assert!(matches!(r["status"].as_str(), Some("completed" | "incomplete")), "{r}");
     assert_eq!(r["metadata"], json!({"k": "v"}));
+    // Sampling fields left out get the server's defaults, and the response says so.
+    assert_eq!(r["temperature"], json!(0.8));
+    assert_eq!(r["top_p"], json!(0.95));
     assert_eq!(r["output"][0]["type"], "message");
     assert_eq!(r["output"][0]["role"], "assistant");
     assert_eq!(r["output"][0]["content"][0]["type"], "output_text");

@@ -11,7 +11,7 @@ pub mod state;
 pub mod tools;
 pub mod turn;
 
-pub use state::{AppState, Limits, ModelInfo};
+pub use state::{AppState, Limits, ModelInfo, SamplingDefaults};
 
 use crate::protocol::error::ApiError;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};

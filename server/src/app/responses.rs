@@ -38,6 +38,12 @@ async fn create_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>)
         max_output_tokens: state.limits.max_output_tokens as u32,
     };
     let mut req = validate(value, &limits)?;
+    let d = state.limits.sampling;
+    let s = &mut req.sampling;
+    s.temperature.get_or_insert(d.temperature);
+    s.top_p.get_or_insert(d.top_p);
+    s.top_k.get_or_insert(d.top_k);
+    s.min_p.get_or_insert(d.min_p);
     match &req.model {
         Some(m) if m != &state.model.name => return Err(ApiError::model_not_found(m)),
         _ => req.model = Some(state.model.name.clone()),

@@ -25,6 +25,27 @@ pub struct ModelInfo {
     pub created: i64,
 }
 
+/// Sampling used when a request leaves a field out (the protocol sets no
+/// defaults; these follow llama.cpp's server, which suits small local models
+/// far better than OpenAI's 1.0/1.0). The response echoes what was used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingDefaults {
+    /// Temperature.
+    pub temperature: f64,
+    /// Nucleus threshold.
+    pub top_p: f64,
+    /// Top-k (extension field).
+    pub top_k: u32,
+    /// Min-p (extension field).
+    pub min_p: f64,
+}
+
+impl Default for SamplingDefaults {
+    fn default() -> Self {
+        Self { temperature: 0.8, top_p: 0.95, top_k: 40, min_p: 0.05 }
+    }
+}
+
 /// Request limits enforced before anything reaches the scheduler.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -38,6 +59,8 @@ pub struct Limits {
     pub max_output_tokens: usize,
     /// Wall-clock limit of one request.
     pub request_timeout: Duration,
+    /// Sampling for fields a request leaves out.
+    pub sampling: SamplingDefaults,
 }
 
 impl Default for Limits {
@@ -48,6 +71,7 @@ impl Default for Limits {
             max_tools: 128,
             max_output_tokens: 4096,
             request_timeout: Duration::from_secs(600),
+            sampling: SamplingDefaults::default(),
         }
     }
 }

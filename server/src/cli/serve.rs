@@ -7,7 +7,7 @@ use spindle_engine::kv::KvPool;
 use spindle_engine::models::{cache_root, DEFAULT_MODEL};
 use spindle_engine::runner::ModelRunner;
 use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
-use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
+use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo, SamplingDefaults};
 use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -56,6 +56,18 @@ pub struct ServeArgs {
     /// Most requests waiting for admission (429 beyond).
     #[arg(long, default_value_t = 256)]
     max_waiting: usize,
+    /// Temperature when a request leaves it out.
+    #[arg(long, default_value_t = 0.8)]
+    default_temperature: f64,
+    /// top_p when a request leaves it out.
+    #[arg(long, default_value_t = 0.95)]
+    default_top_p: f64,
+    /// top_k when a request leaves it out (0 = off).
+    #[arg(long, default_value_t = 40)]
+    default_top_k: u32,
+    /// min_p when a request leaves it out (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    default_min_p: f64,
     /// Worker threads (default: all cores).
     #[arg(long, env = "SPINDLE_THREADS")]
     threads: Option<usize>,
@@ -103,7 +115,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         store,
         keys,
-        limits: Limits::default(),
+        limits: Limits {
+            sampling: SamplingDefaults {
+                temperature: args.default_temperature,
+                top_p: args.default_top_p,
+                top_k: args.default_top_k,
+                min_p: args.default_min_p,
+            },
+            ..Limits::default()
+        },
         metrics: HttpMetrics::default(),
         running: Default::default(),
         draining: tokio::sync::watch::channel(false).0,
