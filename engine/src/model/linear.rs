@@ -234,7 +234,7 @@ struct QuantizedInput {
 }
 
 /// Batches at least this large use the grouped (token-lane) kernel.
-const GROUPED_MIN_TOKENS: usize = 6;
+const GROUPED_MIN_TOKENS: usize = 8;
 
 impl QuantizedInput {
     fn new(x: &[f32], n: usize, cols: usize) -> Self {

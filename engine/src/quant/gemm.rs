@@ -15,13 +15,13 @@
 use super::dot::{Q8Block, QK};
 use crate::gguf::types::GgmlType;
 
-/// Tokens per group.
-pub const GROUP: usize = 8;
+/// Tokens per group (one AVX-512 register of i32 lanes; AVX2 does two halves).
+pub const GROUP: usize = 16;
 
 /// One block (32 elements) of 8 tokens' quantized activations, interleaved:
 /// `qs[g][t]` holds elements `4g..4g+4` of token `t`.
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C, align(64))]
 pub struct Q8Group {
     /// Scales per token.
     pub d: [f32; GROUP],
@@ -67,7 +67,9 @@ pub type GemmFn = fn(&[u8], &[Q8Group]) -> [f32; GROUP];
 pub fn gemm_kernel(dtype: GgmlType) -> Option<GemmFn> {
     #[cfg(target_arch = "x86_64")]
     {
-        let vnni = std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl");
+        let vnni = std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw");
         let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
         let f16c = std::is_x86_feature_detected!("f16c");
         if f16c && (vnni || avx2) {
@@ -213,58 +215,102 @@ mod simd {
         }
     }
 
-    /// The shared loop; `dot4` multiplies broadcast weight bytes with one
-    /// interleaved 8-token vector and accumulates into i32 lanes.
+    /// AVX2: 16 tokens as two halves of 8 i32 lanes; `dot4` multiplies
+    /// broadcast weight bytes with one interleaved 8-token vector.
     #[inline(always)]
-    unsafe fn run(
+    unsafe fn run_halves(
         w: *const u8,
         x: *const Q8Group,
         nb: usize,
         f: Format,
+        signed_weights: bool,
         dot4: impl Fn(__m256i, __m256i, __m256i) -> __m256i,
     ) -> [f32; GROUP] {
         // SAFETY (whole body): nb blocks of w and nb groups of x are readable (see `entry!`).
         unsafe {
-            let mut acc = _mm256_setzero_ps();
+            let mut acc = [_mm256_setzero_ps(); 2];
             let mut buf = [0u8; 32];
             let offset = _mm256_set1_epi32(f.offset());
             for b in 0..nb {
                 let xg = &*x.add(b);
                 let (d, m) = unpack_block(w.add(b * f.block_bytes()), f, &mut buf);
-                let mut isum = _mm256_setzero_si256();
-                for k in 0..8 {
-                    let wv = _mm256_set1_epi32(std::ptr::read_unaligned(buf.as_ptr().add(4 * k) as *const i32));
-                    let xv = _mm256_load_si256(xg.qs[k].as_ptr() as *const __m256i);
-                    isum = dot4(isum, wv, xv);
-                }
-                if f.offset() != 0 {
-                    let qsum = _mm256_load_si256(xg.qsum.as_ptr() as *const __m256i);
-                    isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(qsum, offset));
-                }
-                let scale = _mm256_mul_ps(_mm256_load_ps(xg.d.as_ptr()), _mm256_set1_ps(d));
-                acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc);
-                if f == Format::Q4_1 {
-                    acc = _mm256_fmadd_ps(_mm256_load_ps(xg.s.as_ptr()), _mm256_set1_ps(m), acc);
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let mut isum = _mm256_setzero_si256();
+                    for k in 0..8 {
+                        let wv = _mm256_set1_epi32(std::ptr::read_unaligned(buf.as_ptr().add(4 * k) as *const i32));
+                        let xv = _mm256_load_si256(xg.qs[k][8 * h..].as_ptr() as *const __m256i);
+                        isum = dot4(isum, wv, xv);
+                    }
+                    if f.offset() != 0 && !signed_weights {
+                        let qsum = _mm256_load_si256(xg.qsum[8 * h..].as_ptr() as *const __m256i);
+                        isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(qsum, offset));
+                    }
+                    let scale = _mm256_mul_ps(_mm256_load_ps(xg.d[8 * h..].as_ptr()), _mm256_set1_ps(d));
+                    *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *acc);
+                    if f == Format::Q4_1 {
+                        *acc = _mm256_fmadd_ps(_mm256_load_ps(xg.s[8 * h..].as_ptr()), _mm256_set1_ps(m), *acc);
+                    }
                 }
             }
             let mut out = [0f32; GROUP];
-            _mm256_storeu_ps(out.as_mut_ptr(), acc);
+            _mm256_storeu_ps(out.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[1]);
             out
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    /// AVX-512 VNNI: all 16 tokens in one register, one `vpdpbusd` per 4 weights.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
     unsafe fn vnni(w: *const u8, x: *const Q8Group, nb: usize, f: Format) -> [f32; GROUP] {
-        // SAFETY: forwarded; the closure runs with this function's features.
-        unsafe { run(w, x, nb, f, |acc, wv, xv| _mm256_dpbusd_epi32(acc, wv, xv)) }
+        // SAFETY (whole body): nb blocks of w and nb groups of x are readable (see `entry!`).
+        unsafe {
+            let mut acc = _mm512_setzero_ps();
+            let mut buf = [0u8; 32];
+            let offset = _mm512_set1_epi32(f.offset());
+            for b in 0..nb {
+                let xg = &*x.add(b);
+                let (d, m) = unpack_block(w.add(b * f.block_bytes()), f, &mut buf);
+                let mut isum = _mm512_setzero_si512();
+                for k in 0..8 {
+                    let wv = _mm512_set1_epi32(std::ptr::read_unaligned(buf.as_ptr().add(4 * k) as *const i32));
+                    let xv = _mm512_load_si512(xg.qs[k].as_ptr() as *const __m512i);
+                    isum = _mm512_dpbusd_epi32(isum, wv, xv);
+                }
+                if f.offset() != 0 {
+                    let qsum = _mm512_load_si512(xg.qsum.as_ptr() as *const __m512i);
+                    isum = _mm512_sub_epi32(isum, _mm512_mullo_epi32(qsum, offset));
+                }
+                let scale = _mm512_mul_ps(_mm512_load_ps(xg.d.as_ptr()), _mm512_set1_ps(d));
+                acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc);
+                if f == Format::Q4_1 {
+                    acc = _mm512_fmadd_ps(_mm512_load_ps(xg.s.as_ptr()), _mm512_set1_ps(m), acc);
+                }
+            }
+            let mut out = [0f32; GROUP];
+            _mm512_storeu_ps(out.as_mut_ptr(), acc);
+            out
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2(w: *const u8, x: *const Q8Group, nb: usize, f: Format) -> [f32; GROUP] {
         let ones = _mm256_set1_epi16(1);
-        // SAFETY: forwarded; the closure runs with this function's features.
+        let bias = _mm256_set1_epi8(-128);
+        // SAFETY: forwarded; the closures run with this function's features.
         unsafe {
-            run(w, x, nb, f, |acc, wv, xv| _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones)))
+            if f == Format::Q8_0 {
+                // u = q + 128 times x can overflow vpmaddubsw's i16 pairs, so
+                // multiply |q| by sign(q)·x instead: the same exact Σ q·x.
+                run_halves(w, x, nb, f, true, |acc, wv, xv| {
+                    let q = _mm256_xor_si256(wv, bias);
+                    let p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(xv, q));
+                    _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones))
+                })
+            } else {
+                run_halves(w, x, nb, f, false, |acc, wv, xv| {
+                    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones))
+                })
+            }
         }
     }
 }
@@ -282,7 +328,7 @@ mod tests {
     #[test]
     fn grouped_kernels_match_the_decode_kernels() {
         let mut seed = 5u64;
-        let (cols, n) = (256, 11);
+        let (cols, n) = (256, 21);
         let nb = cols / QK;
         let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2000) as f32 / 700.0 - 1.4).collect();
         let mut xq = vec![Q8Block::default(); n * nb];
@@ -298,7 +344,16 @@ mod tests {
                 }
             }
             let one = dot_kernel(dtype).expect("decode kernel");
-            for kernel in [gemm_kernel(dtype).expect("kernel"), scalar_kernel(dtype).expect("scalar")] {
+            let mut kernels = vec![gemm_kernel(dtype).expect("kernel"), scalar_kernel(dtype).expect("scalar")];
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+                kernels.push(match dtype {
+                    GgmlType::Q4_0 => simd::q4_0_avx2,
+                    GgmlType::Q4_1 => simd::q4_1_avx2,
+                    _ => simd::q8_0_avx2,
+                });
+            }
+            for kernel in kernels {
                 for g in 0..n.div_ceil(GROUP) {
                     let got = kernel(&w, &groups[g * nb..(g + 1) * nb]);
                     for lane in 0..GROUP.min(n - g * GROUP) {
