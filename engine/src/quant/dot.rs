@@ -35,7 +35,7 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
         let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
         let mut sum = 0i32;
         for (q, v) in block.qs.iter_mut().zip(chunk) {
-            let r = ((v * inv).round() as i32).clamp(-127, 127);
+            let r = round_half_away(v * inv).clamp(-127, 127);
             *q = r as i8;
             sum += r;
         }
@@ -43,6 +43,16 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
         block.s = d * sum as f32;
         block.qsum = sum;
     }
+}
+
+/// `x.round() as i32` for |x| < 2^23, without the libm call `f32::round`
+/// compiles to, so the quantization loop vectorizes: truncate, then step
+/// away from zero when the exact remainder is at least one half.
+#[inline(always)]
+fn round_half_away(x: f32) -> i32 {
+    let t = x as i32;
+    let frac = x - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
 }
 
 /// A dot product of one weight row (raw GGUF block bytes) with quantized activations.
@@ -471,6 +481,20 @@ mod tests {
                 let one = (k.one)(&rows[r], &xq[..nb]);
                 assert_eq!(got.to_bits(), one.to_bits(), "{dtype:?} row {r}: {got} vs {one}");
             }
+        }
+    }
+
+    #[test]
+    fn round_half_away_equals_f32_round() {
+        let mut seed = 3u64;
+        for i in 0..200_000u32 {
+            let x = match i % 4 {
+                0 => (lcg(&mut seed) % 2_000_000) as f32 / 7_873.0 - 127.0,
+                1 => (i as f32) * 0.5 - 127.0,
+                2 => f32::from_bits(lcg(&mut seed) % 0x42ff_0000),
+                _ => -f32::from_bits(lcg(&mut seed) % 0x42ff_0000),
+            };
+            assert_eq!(round_half_away(x), x.round() as i32, "x = {x:e}");
         }
     }
 
