@@ -7,7 +7,7 @@ use super::turn;
 use crate::protocol::error::ApiError;
 use crate::protocol::mapper::ResponseMapper;
 use crate::protocol::request::{validate, RequestLimits, ValidRequest};
-use crate::store::{Order, StoredResponse};
+use crate::store::{Order, ResponseStore, StoredResponse};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
@@ -90,11 +90,7 @@ async fn background(
         response: queued.clone(),
         input_items: persist.input_items.clone(),
     };
-    let store = state.store.clone();
-    tokio::task::spawn_blocking(move || store.put(&record))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(format!("response store: {e}")))?;
+    with_store(&state, move |s| s.put(&record)).await?;
     if let Ok(mut running) = state.running.lock() {
         running.insert(id.clone(), stream.id());
     }
@@ -151,14 +147,21 @@ fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
-async fn load(state: &Arc<AppState>, id: String) -> Result<StoredResponse, ApiError> {
+/// Run a store call off the async threads, mapping both failure kinds to 500.
+async fn with_store<T: Send + 'static>(
+    state: &Arc<AppState>,
+    call: impl FnOnce(&dyn ResponseStore) -> Result<T, crate::store::StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
     let store = state.store.clone();
-    let missing = ApiError::not_found(format!("No response found with id '{id}'."));
-    tokio::task::spawn_blocking(move || store.get(&id))
+    tokio::task::spawn_blocking(move || call(store.as_ref()))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(format!("response store: {e}")))?
-        .ok_or(missing)
+        .map_err(|e| ApiError::internal(format!("response store: {e}")))
+}
+
+async fn load(state: &Arc<AppState>, id: String) -> Result<StoredResponse, ApiError> {
+    let missing = ApiError::not_found(format!("No response found with id '{id}'."));
+    with_store(state, move |s| s.get(&id)).await?.ok_or(missing)
 }
 
 /// Query of GET /v1/responses/{id}.
@@ -178,12 +181,7 @@ pub async fn retrieve(
     if q.stream != Some(true) {
         return Ok(Json(record.response).into_response());
     }
-    let store = state.store.clone();
-    let events = tokio::task::spawn_blocking(move || store.events(&id, q.starting_after))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(format!("response store: {e}")))?
-        .unwrap_or_default();
+    let events = with_store(&state, move |s| s.events(&id, q.starting_after)).await?.unwrap_or_default();
     let mut body: String = events.iter().map(sse::frame).collect();
     body.push_str(sse::DONE);
     Ok(sse_response(Body::from(body)))
@@ -191,12 +189,8 @@ pub async fn retrieve(
 
 /// DELETE /v1/responses/{id}
 pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let store = state.store.clone();
     let key = id.clone();
-    let deleted = tokio::task::spawn_blocking(move || store.delete(&key))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(format!("response store: {e}")))?;
+    let deleted = with_store(&state, move |s| s.delete(&key)).await?;
     if !deleted {
         return Err(ApiError::not_found(format!("No response found with id '{id}'.")));
     }
@@ -215,8 +209,9 @@ pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) 
         state.scheduler.abort(request);
         response["status"] = json!("cancelled");
         let updated = StoredResponse { status: "cancelled".into(), response: response.clone(), ..record };
-        let store = state.store.clone();
-        let _ = tokio::task::spawn_blocking(move || store.put(&updated)).await;
+        if let Err(e) = with_store(&state, move |s| s.put(&updated)).await {
+            tracing::warn!("recording a cancellation failed: {}", e.message);
+        }
     }
     Ok(Json(response).into_response())
 }
@@ -241,12 +236,9 @@ pub async fn input_items(
         None | Some("desc") => Order::Desc,
         Some(_) => return Err(ApiError::invalid("order", "order must be 'asc' or 'desc'")),
     };
-    let store = state.store.clone();
     let key = id.clone();
-    let items = tokio::task::spawn_blocking(move || store.input_items(&key, q.after.as_deref(), limit + 1, order))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(format!("response store: {e}")))?
+    let items = with_store(&state, move |s| s.input_items(&key, q.after.as_deref(), limit + 1, order))
+        .await?
         .ok_or_else(|| ApiError::not_found(format!("No response found with id '{id}'.")))?;
     let has_more = items.len() > limit;
     let data: Vec<Value> = items.into_iter().take(limit).collect();
