@@ -12,7 +12,7 @@ use crate::error::{EngineError, Result};
 use crate::gguf::types::GgmlType;
 use crate::quant::dequant::dequantize;
 use crate::quant::dot::{dot_kernels, quantize_row_q8, DotKernels, Q8Block, QK};
-use crate::quant::gemm::{gemm_kernel, interleave, GemmFn, Q8Group, GROUP};
+use crate::quant::gemm::{gemm_kernels, interleave, GemmKernels, Q8Group, GROUP};
 use super::SendPtr;
 use crate::simd;
 use crate::weights::TensorView;
@@ -30,7 +30,7 @@ pub enum MatmulPrecision {
 
 enum WeightData {
     F32(Vec<f32>),
-    Blocks { dtype: GgmlType, bytes: Vec<u8>, row_bytes: usize, kernels: Option<DotKernels>, gemm: Option<GemmFn> },
+    Blocks { dtype: GgmlType, bytes: Vec<u8>, row_bytes: usize, kernels: Option<DotKernels>, gemm: Option<GemmKernels> },
 }
 
 /// A `[rows, cols]` weight matrix (`y = x · Wᵀ`), optionally with a bias.
@@ -79,7 +79,7 @@ impl Linear {
                     return Err(EngineError::InvalidGguf(format!("tensor `{}` has the wrong byte size", t.name)));
                 }
                 let kernels = if cols % QK == 0 { dot_kernels(dtype) } else { None };
-                let gemm = if cols % QK == 0 { gemm_kernel(dtype) } else { None };
+                let gemm = if cols % QK == 0 { gemm_kernels(dtype) } else { None };
                 WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernels, gemm }
             }
         };
@@ -165,10 +165,24 @@ impl Linear {
                 if precision == MatmulPrecision::Fast && !xq.groups.is_empty() =>
             {
                 let nb = cols / QK;
-                for r in rows {
-                    let wr = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
+                let mut r = rows.start;
+                if let Some(rows4) = gemm.rows4 {
+                    while r + 4 <= rows.end {
+                        for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
+                            let out = rows4([row(r), row(r + 1), row(r + 2), row(r + 3)], xg);
+                            for (i, lanes) in out.iter().enumerate() {
+                                for (lane, v) in lanes.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
+                                    write(r + i, g * GROUP + lane, *v);
+                                }
+                            }
+                        }
+                        r += 4;
+                    }
+                }
+                for r in r..rows.end {
                     for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
-                        let out = gemm(wr, xg);
+                        let out = (gemm.one)(row(r), xg);
                         for (lane, v) in out.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
                             write(r, g * GROUP + lane, *v);
                         }

@@ -29,6 +29,15 @@ pub struct Q8Block {
 
 /// Quantize `x` (a multiple of 32 long) into `out` (x.len() / 32 blocks).
 pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
+    if super::quantize_avx512::available() {
+        super::quantize_avx512::quantize_row(x, out)
+    } else {
+        quantize_row_q8_scalar(x, out)
+    }
+}
+
+/// The portable quantizer (the definition the SIMD one must match bit for bit).
+pub fn quantize_row_q8_scalar(x: &[f32], out: &mut [Q8Block]) {
     for (chunk, block) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;

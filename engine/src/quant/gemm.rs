@@ -63,6 +63,41 @@ pub fn interleave(xq: &[Q8Block], n: usize, nb: usize) -> Vec<Q8Group> {
 /// One weight row (raw blocks) times one group of 8 tokens (`nb` groups).
 pub type GemmFn = fn(&[u8], &[Q8Group]) -> [f32; GROUP];
 
+/// Four weight rows times one group of 16 tokens (each row's result equals [`GemmFn`]'s).
+pub type GemmRows4Fn = fn([&[u8]; 4], &[Q8Group]) -> [[f32; GROUP]; 4];
+
+/// The grouped kernels for a weight type: one row, and four rows sharing
+/// each activation load (where this CPU has a kernel for that).
+#[derive(Clone, Copy)]
+pub struct GemmKernels {
+    /// One row.
+    pub one: GemmFn,
+    /// Four rows at once.
+    pub rows4: Option<GemmRows4Fn>,
+}
+
+/// The best grouped kernels for a weight type on this CPU, if any.
+pub fn gemm_kernels(dtype: GgmlType) -> Option<GemmKernels> {
+    let one = gemm_kernel(dtype)?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vnni = std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("f16c");
+        if vnni {
+            let rows4: Option<GemmRows4Fn> = match dtype {
+                GgmlType::Q4_0 => Some(simd::q4_0_vnni_rows4),
+                GgmlType::Q4_1 => Some(simd::q4_1_vnni_rows4),
+                GgmlType::Q8_0 => Some(simd::q8_0_vnni_rows4),
+                _ => None,
+            };
+            return Some(GemmKernels { one, rows4 });
+        }
+    }
+    Some(GemmKernels { one, rows4: None })
+}
+
 /// The best grouped kernel for a weight type on this CPU, if any.
 pub fn gemm_kernel(dtype: GgmlType) -> Option<GemmFn> {
     #[cfg(target_arch = "x86_64")]
@@ -179,6 +214,19 @@ mod simd {
             }
         };
     }
+    macro_rules! entry4 {
+        ($name:ident, $fmt:expr) => {
+            pub fn $name(w: [&[u8]; 4], x: &[Q8Group]) -> [[f32; GROUP]; 4] {
+                let nb = w.iter().fold(x.len(), |nb, row| nb.min(row.len() / $fmt.block_bytes()));
+                // SAFETY: selected only when the CPU has AVX-512 VNNI (see `gemm_kernels`);
+                // it reads nb blocks of each row and nb groups of x, all in bounds.
+                unsafe { vnni_rows::<4>(w.map(|row| row.as_ptr()), x.as_ptr(), nb, $fmt) }
+            }
+        };
+    }
+    entry4!(q4_0_vnni_rows4, Format::Q4_0);
+    entry4!(q4_1_vnni_rows4, Format::Q4_1);
+    entry4!(q8_0_vnni_rows4, Format::Q8_0);
     entry!(q4_0_vnni, vnni, Format::Q4_0);
     entry!(q4_1_vnni, vnni, Format::Q4_1);
     entry!(q8_0_vnni, vnni, Format::Q8_0);
@@ -259,35 +307,73 @@ mod simd {
         }
     }
 
+    /// Blocks unpacked per pass of the VNNI kernel (2.5 KiB of stack per row).
+    const UNPACK_BLOCKS: usize = 64;
+
     /// AVX-512 VNNI: all 16 tokens in one register, one `vpdpbusd` per 4 weights.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
     unsafe fn vnni(w: *const u8, x: *const Q8Group, nb: usize, f: Format) -> [f32; GROUP] {
-        // SAFETY (whole body): nb blocks of w and nb groups of x are readable (see `entry!`).
+        // SAFETY: forwarded from the caller.
+        unsafe { vnni_rows::<1>([w], x, nb, f)[0] }
+    }
+
+    /// `R` weight rows at once: each activation vector loaded serves all `R`
+    /// rows. A chunk of each row is unpacked first, so the main loop's weight
+    /// broadcasts are plain memory operands (load ports) rather than shuffles.
+    /// Every row sees exactly the float operations of the one-row kernel.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    unsafe fn vnni_rows<const R: usize>(
+        w: [*const u8; R],
+        x: *const Q8Group,
+        nb: usize,
+        f: Format,
+    ) -> [[f32; GROUP]; R] {
+        // SAFETY (whole body): nb blocks of every w[r] and nb groups of x are
+        // readable (see `entry!`); every unpacked entry is written before it is read.
         unsafe {
-            let mut acc = _mm512_setzero_ps();
-            let mut buf = [0u8; 32];
+            let mut acc = [_mm512_setzero_ps(); R];
+            let mut unpacked = std::mem::MaybeUninit::<[[[u8; 32]; UNPACK_BLOCKS]; R]>::uninit();
+            let mut scales = std::mem::MaybeUninit::<[[(f32, f32); UNPACK_BLOCKS]; R]>::uninit();
+            let unpacked = &mut *unpacked.as_mut_ptr();
+            let scales = &mut *scales.as_mut_ptr();
             let offset = _mm512_set1_epi32(f.offset());
-            for b in 0..nb {
-                let xg = &*x.add(b);
-                let (d, m) = unpack_block(w.add(b * f.block_bytes()), f, &mut buf);
-                let mut isum = _mm512_setzero_si512();
-                for k in 0..8 {
-                    let wv = _mm512_set1_epi32(std::ptr::read_unaligned(buf.as_ptr().add(4 * k) as *const i32));
-                    let xv = _mm512_load_si512(xg.qs[k].as_ptr() as *const __m512i);
-                    isum = _mm512_dpbusd_epi32(isum, wv, xv);
+            for first in (0..nb).step_by(UNPACK_BLOCKS) {
+                let count = (nb - first).min(UNPACK_BLOCKS);
+                for r in 0..R {
+                    for i in 0..count {
+                        let block = w[r].add((first + i) * f.block_bytes());
+                        scales[r][i] = unpack_block(block, f, &mut unpacked[r][i]);
+                    }
                 }
-                if f.offset() != 0 {
-                    let qsum = _mm512_load_si512(xg.qsum.as_ptr() as *const __m512i);
-                    isum = _mm512_sub_epi32(isum, _mm512_mullo_epi32(qsum, offset));
-                }
-                let scale = _mm512_mul_ps(_mm512_load_ps(xg.d.as_ptr()), _mm512_set1_ps(d));
-                acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc);
-                if f == Format::Q4_1 {
-                    acc = _mm512_fmadd_ps(_mm512_load_ps(xg.s.as_ptr()), _mm512_set1_ps(m), acc);
+                for i in 0..count {
+                    let xg = &*x.add(first + i);
+                    let xv: [__m512i; 8] =
+                        std::array::from_fn(|k| _mm512_load_si512(xg.qs[k].as_ptr() as *const __m512i));
+                    let xd = _mm512_load_ps(xg.d.as_ptr());
+                    for r in 0..R {
+                        let (d, m) = scales[r][i];
+                        let wb = unpacked[r][i].as_ptr();
+                        let mut isum = _mm512_setzero_si512();
+                        for (k, xv) in xv.iter().enumerate() {
+                            let wv = _mm512_set1_epi32(std::ptr::read_unaligned(wb.add(4 * k) as *const i32));
+                            isum = _mm512_dpbusd_epi32(isum, wv, *xv);
+                        }
+                        if f.offset() != 0 {
+                            let qsum = _mm512_load_si512(xg.qsum.as_ptr() as *const __m512i);
+                            isum = _mm512_sub_epi32(isum, _mm512_mullo_epi32(qsum, offset));
+                        }
+                        let scale = _mm512_mul_ps(xd, _mm512_set1_ps(d));
+                        acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[r]);
+                        if f == Format::Q4_1 {
+                            acc[r] = _mm512_fmadd_ps(_mm512_load_ps(xg.s.as_ptr()), _mm512_set1_ps(m), acc[r]);
+                        }
+                    }
                 }
             }
-            let mut out = [0f32; GROUP];
-            _mm512_storeu_ps(out.as_mut_ptr(), acc);
+            let mut out = [[0f32; GROUP]; R];
+            for r in 0..R {
+                _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+            }
             out
         }
     }
@@ -352,6 +438,21 @@ mod tests {
                     GgmlType::Q4_1 => simd::q4_1_avx2,
                     _ => simd::q8_0_avx2,
                 });
+            }
+            if let Some(rows4) = gemm_kernels(dtype).and_then(|k| k.rows4) {
+                // Same scales, different quantized values per row.
+                let rows: Vec<Vec<u8>> = (0..4u8)
+                    .map(|r| w.iter().enumerate().map(|(i, &b)| if i % ts >= 4 { b ^ r.wrapping_mul(0x5b) } else { b }).collect())
+                    .collect();
+                let single = gemm_kernel(dtype).expect("kernel");
+                for g in 0..n.div_ceil(GROUP) {
+                    let xg = &groups[g * nb..(g + 1) * nb];
+                    let four = rows4([&rows[0], &rows[1], &rows[2], &rows[3]], xg);
+                    for (r, row) in rows.iter().enumerate() {
+                        let want = single(row, xg);
+                        assert_eq!(four[r].map(f32::to_bits), want.map(f32::to_bits), "{dtype:?} row {r}");
+                    }
+                }
             }
             for kernel in kernels {
                 for g in 0..n.div_ceil(GROUP) {
