@@ -39,7 +39,15 @@ impl ModelRunner {
 
     /// Run one step: all sequences' new tokens through the model, then sample
     /// for those that asked.
+    ///
+    /// The step runs on a worker of the rayon pool, so the many parallel
+    /// regions inside it start without handing work across threads (the
+    /// calling thread would otherwise block and wake once per region).
     pub fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+        rayon::scope(|_| self.execute_here(batch))
+    }
+
+    fn execute_here(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
         let logits = self.model.forward(batch, &mut self.kv)?;
         let vocab = self.model.config().vocab_size;
         let mut seqs = Vec::with_capacity(batch.seqs.len());

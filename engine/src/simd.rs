@@ -44,6 +44,56 @@ pub fn axpy(acc: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
+/// `out[j] = Σ_i weights[i] · data[starts[i] + j]` for `j < out.len()`, each
+/// element accumulated in order with fused multiply-adds (the SIMD and
+/// portable paths give the same bits). Panics if a row runs past `data`.
+pub fn weighted_sum(out: &mut [f32], weights: &[f32], data: &[f32], starts: &[usize]) {
+    let n = out.len();
+    let rows = weights.len().min(starts.len());
+    assert!(starts[..rows].iter().all(|&s| s + n <= data.len()), "weighted_sum: a row runs past the data");
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2 and FMA were detected; every row `starts[i]..starts[i] + n` is in `data` (checked).
+        unsafe { avx_rows::weighted_sum(out.as_mut_ptr(), n, &weights[..rows], data.as_ptr(), &starts[..rows]) };
+        return;
+    }
+    out.fill(0.0);
+    for (&w, &start) in weights[..rows].iter().zip(&starts[..rows]) {
+        for (o, &x) in out.iter_mut().zip(&data[start..start + n]) {
+            *o = w.mul_add(x, *o);
+        }
+    }
+}
+
+/// `e^x` in f32 without a libm call, so loops over it vectorize: Cody-Waite
+/// range reduction and the Cephes `expf` polynomial (relative error about
+/// 2e-7). Returns exactly `0` below -87 (so `-inf` gives `0`) and exactly `1`
+/// at `0`; NaN is not expected.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let xc = x.clamp(-87.0, 88.0);
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let e = p * r * r + r + 1.0;
+    // The low mantissa bits of `shifted` hold n (as an offset integer).
+    let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
+    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
+    if x < -87.0 {
+        0.0
+    } else {
+        e * scale
+    }
+}
+
 fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     let chunks = a.len() / 8;
@@ -111,9 +161,71 @@ mod avx {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx_rows {
+    use std::arch::x86_64::*;
+
+    /// See [`super::weighted_sum`]: 32 output columns at a time stay in
+    /// registers while every row is added in.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted_sum(out: *mut f32, n: usize, weights: &[f32], data: *const f32, starts: &[usize]) {
+        // SAFETY (whole body): out has n elements; each row starts[i]..starts[i] + n is readable.
+        unsafe {
+            let mut col = 0;
+            while col + 32 <= n {
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for (&w, &start) in weights.iter().zip(starts) {
+                    let w = _mm256_set1_ps(w);
+                    let row = data.add(start + col);
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * j)), *a);
+                    }
+                }
+                for (j, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(out.add(col + 8 * j), *a);
+                }
+                col += 32;
+            }
+            while col + 8 <= n {
+                let mut acc = _mm256_setzero_ps();
+                for (&w, &start) in weights.iter().zip(starts) {
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(data.add(start + col)), acc);
+                }
+                _mm256_storeu_ps(out.add(col), acc);
+                col += 8;
+            }
+            for c in col..n {
+                let mut acc = 0f32;
+                for (&w, &start) in weights.iter().zip(starts) {
+                    acc = w.mul_add(*data.add(start + c), acc);
+                }
+                *out.add(c) = acc;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weighted_sum_is_the_same_on_both_paths() {
+        for n in [3usize, 8, 32, 40, 64, 77] {
+            let data: Vec<f32> = (0..n * 9).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let weights = [0.25f32, -1.5, 0.125, 3.0, 0.7];
+            let starts = [0usize, n, 4 * n, 2 * n + 1, 8 * n];
+            let mut fast = vec![0f32; n];
+            weighted_sum(&mut fast, &weights, &data, &starts);
+            let mut portable = vec![0f32; n];
+            for (&w, &s) in weights.iter().zip(&starts) {
+                for (o, &x) in portable.iter_mut().zip(&data[s..s + n]) {
+                    *o = w.mul_add(x, *o);
+                }
+            }
+            assert_eq!(fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n = {n}");
+        }
+    }
 
     #[test]
     fn dot_and_axpy_match_naive() {

@@ -382,3 +382,55 @@ fn few_shot() -> Value {
     items.push(json!({"type": "message", "role": "user", "content": "What time is it in EST?"}));
     Value::Array(items)
 }
+
+/// Changing the tool list changes the prompt after the tools block starts:
+/// only the common prefix may come from the cache, the answer equals the
+/// one a server that never saw the old list gives, and no block stays held.
+#[tokio::test]
+async fn changing_the_tool_list_reuses_only_the_common_prefix_and_leaks_no_blocks() {
+    let Some(s) = start().await else { return };
+    let before = s.state.scheduler.check_kv().expect("kv");
+    let body = |tools: Value| {
+        json!({"model": "smollm2-135m-instruct", "instructions": "You are a careful assistant.",
+               "input": "What is the weather in Paris?", "tools": tools,
+               "max_output_tokens": 24, "temperature": 0, "store": false})
+    };
+    let mut changed = tools();
+    changed[1]["description"] = json!("The current time in a time zone.");
+
+    let (status, first) = post(&s, body(tools())).await;
+    assert_eq!(status, 200, "{first}");
+    let (status, second) = post(&s, body(changed.clone())).await;
+    assert_eq!(status, 200, "{second}");
+
+    // The token prefix the two prompts share bounds what the cache may supply.
+    let tokenizer = &s.state.model.tokenizer;
+    let template = &s.state.model.template;
+    let ids = |tools: Value| {
+        let req = request(body(tools));
+        tokenizer.encode(&render_prompt(template, &req, &req.input).unwrap(), false).unwrap()
+    };
+    let (old_ids, new_ids) = (ids(tools()), ids(changed.clone()));
+    let common = old_ids.iter().zip(&new_ids).take_while(|(a, b)| a == b).count();
+    assert!(common + 5 < new_ids.len(), "the change must be inside the prompt ({common} of {})", new_ids.len());
+    let cached = second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap() as usize;
+    assert!(cached > 0, "the instructions and tools head are shared: {second}");
+    assert!(cached <= common, "cached {cached} tokens but the prompts share only {common}");
+
+    // Same request on a server that never saw the old list: the same greedy answer.
+    let fresh = start().await.expect("second server");
+    let (status, alone) = post(&fresh, body(changed)).await;
+    assert_eq!(status, 200, "{alone}");
+    assert_eq!(alone["usage"]["input_tokens_details"]["cached_tokens"], 0, "{alone}");
+    let answer = |r: &Value| -> Vec<Value> {
+        let items = r["output"].as_array().unwrap();
+        items.iter().map(|i| json!([i["type"], i["content"], i["name"], i["arguments"]])).collect()
+    };
+    assert!(!answer(&second).is_empty(), "{second}");
+    assert_eq!(answer(&second), answer(&alone), "stale KV changed the answer");
+
+    let after = s.state.scheduler.check_kv().expect("kv");
+    assert_eq!(after.used, 0, "no sequence holds blocks once the requests are done: {after:?}");
+    assert_eq!(after.total, before.total);
+    assert_eq!(after.free + after.cached_evictable, before.free + before.cached_evictable);
+}

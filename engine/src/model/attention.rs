@@ -47,17 +47,24 @@ pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, sp
     let values = kv.values(layer);
     tasks.par_iter().for_each(|&(s, h, first)| {
         let span = &spans[s];
-        let mut scores = Vec::with_capacity(span.start_pos + span.len);
+        let mut scratch = Scratch::default();
         let mut acc = vec![0f32; shape.head_dim];
         for i in first..(first + QUERY_CHUNK).min(span.len) {
             let t = span.token_offset + i;
             let row = t * shape.num_heads * shape.head_dim + h * shape.head_dim;
             let qh = &q[row..row + shape.head_dim];
-            attend_one(qh, &span.key_slots[..=span.start_pos + i], keys, values, h, shape, &mut scores, &mut acc);
+            attend_one(qh, &span.key_slots[..=span.start_pos + i], keys, values, h, shape, &mut scratch, &mut acc);
             // SAFETY: (t, h) is owned by exactly this task; row + head_dim <= out.len().
             unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out_ptr.get().add(row), shape.head_dim) };
         }
     });
+}
+
+/// Per-task buffers reused across the task's queries.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    starts: Vec<usize>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -68,30 +75,24 @@ fn attend_one(
     values: &[f32],
     head: usize,
     shape: HeadShape,
-    scores: &mut Vec<f32>,
+    scratch: &mut Scratch,
     acc: &mut [f32],
 ) {
     let kv_dim = shape.num_kv_heads * shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
     let col = (head / group) * shape.head_dim;
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
-    scores.clear();
-    let mut max = f32::NEG_INFINITY;
-    for &slot in slots {
-        let k = &keys[slot * kv_dim + col..slot * kv_dim + col + shape.head_dim];
-        let s = simd::dot(qh, k) * scale;
-        max = max.max(s);
-        scores.push(s);
+    scratch.starts.clear();
+    scratch.starts.extend(slots.iter().map(|&slot| slot * kv_dim + col));
+    scratch.scores.clear();
+    scratch.scores.extend(scratch.starts.iter().map(|&k| simd::dot(qh, &keys[k..k + shape.head_dim]) * scale));
+    let max = scratch.scores.iter().fold(f32::NEG_INFINITY, |m, &s| if s > m { s } else { m });
+    for s in scratch.scores.iter_mut() {
+        *s = simd::fast_exp(*s - max);
     }
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    let inv = 1.0 / scratch.scores.iter().sum::<f32>();
+    for s in scratch.scores.iter_mut() {
+        *s *= inv;
     }
-    acc.fill(0.0);
-    let inv = 1.0 / sum;
-    for (&slot, &p) in slots.iter().zip(scores.iter()) {
-        let v = &values[slot * kv_dim + col..slot * kv_dim + col + shape.head_dim];
-        simd::axpy(acc, p * inv, v);
-    }
+    simd::weighted_sum(acc, &scratch.scores, values, &scratch.starts);
 }

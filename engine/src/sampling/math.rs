@@ -3,34 +3,7 @@
 /// Lanes used by the vectorisable loops.
 const LANES: usize = 8;
 
-/// `e^x` in f32 without a libm call: Cody-Waite range reduction and the
-/// Cephes `expf` polynomial (relative error about 2e-7 on the range that
-/// matters here). Returns exactly `0` below -87 (so `-inf` gives `0`) and
-/// exactly `1` at `0`; NaN is not expected (logits are sanitised first).
-#[inline(always)]
-pub(super) fn fast_exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.clamp(-87.0, 88.0);
-    let shifted = xc * LOG2E + ROUND;
-    let n = shifted - ROUND;
-    let r = xc - n * LN2_HI - n * LN2_LO;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let e = p * r * r + r + 1.0;
-    // The low mantissa bits of `shifted` hold n (as an offset integer).
-    let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
-    let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
-    if x < -87.0 {
-        0.0
-    } else {
-        e * scale
-    }
-}
+pub(super) use crate::simd::fast_exp;
 
 /// Block size for the exp-then-sum passes (keeps the block in L1).
 const BLOCK: usize = 2048;
