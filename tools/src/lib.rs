@@ -1,3 +1,4 @@
 //! Developer tools for Spindle.
 
 pub mod tiny_model;
+pub mod bench;

@@ -115,7 +115,7 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<
         prompt,
         sampling,
         stop: StopConditions {
-            stop_token_ids: state.model.tokenizer.eos_ids().to_vec(),
+            stop_token_ids: if s.ignore_eos { Vec::new() } else { state.model.tokenizer.eos_ids().to_vec() },
             max_tokens,
             ..StopConditions::default()
         },

@@ -65,6 +65,9 @@ pub struct Sampling {
     pub seed: Option<u64>,
     /// 0–20 alternatives per token.
     pub top_logprobs: Option<u32>,
+    /// Extension (as vLLM's): keep generating past end-of-sequence tokens
+    /// until `max_output_tokens`, for benchmarks with fixed output lengths.
+    pub ignore_eos: bool,
 }
 
 /// A checked create-response request. Everything the response echoes is here.
@@ -209,6 +212,7 @@ fn parse_sampling(o: &Obj<'_>) -> Result<Sampling, ApiError> {
         frequency_penalty: o.opt_f64("frequency_penalty", -2.0, 2.0)?,
         seed: o.opt_int("seed", 0, i64::MAX)?.map(|s| s as u64),
         top_logprobs: opt_u32(o, "top_logprobs", 0, 20)?,
+        ignore_eos: o.opt_bool("ignore_eos")?.unwrap_or(false),
     })
 }
 

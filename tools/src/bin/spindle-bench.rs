@@ -1,0 +1,47 @@
+//! `spindle-bench`: benchmark any Open Responses or chat-completions server
+//! under load. See `docs/spindle-bench.md` and `spindle-bench --help`.
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use spindle_tools::bench::args::Args;
+use spindle_tools::bench::client::Client;
+use spindle_tools::bench::report::{html, table, RunResult, SCHEMA_VERSION};
+use spindle_tools::bench::run::{levels, run_level};
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<()> {
+    let client = Client::new(&args.base_url, args.api, &args.model, args.api_key.clone(), args.timeout())?;
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut result = RunResult { schema_version: SCHEMA_VERSION, label: args.label(), started_at, args: args.clone(), levels: Vec::new() };
+    for level in levels(&args)? {
+        let progress = if args.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(args.requests as u64) };
+        progress.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>18} [{bar:40}] {pos}/{len} {elapsed}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        progress.set_message(match level.rate {
+            Some(r) => format!("rate {r}/s"),
+            None => format!("concurrency {}", level.concurrency),
+        });
+        let level_result = run_level(&args, &client, level, &progress).await?;
+        progress.finish_and_clear();
+        result.levels.push(level_result);
+    }
+    println!("{}", table(&result));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.report {
+        let mut runs = vec![result];
+        for other in &args.compare {
+            let text = std::fs::read_to_string(other).with_context(|| format!("reading {}", other.display()))?;
+            runs.push(serde_json::from_str(&text).with_context(|| format!("{}: not a spindle-bench JSON", other.display()))?);
+        }
+        std::fs::write(path, html(&runs).map_err(anyhow::Error::msg)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
