@@ -8,7 +8,7 @@ use spindle_engine::load::load_model;
 use spindle_engine::runner::ModelRunner;
 use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
 use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
-use spindle_server::store::{SqliteStore, StoreConfig};
+use spindle_server::store::{Order, ResponseStore, SqliteStore, StoreConfig, StoreError, StoredResponse};
 use axum::serve::ListenerExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +24,49 @@ async fn start(keys: Vec<String>) -> Option<Server> {
 }
 
 async fn start_with_blocks(keys: Vec<String>, blocks: usize) -> Option<Server> {
+    start_with(keys, blocks, |s| Arc::new(s)).await
+}
+
+/// A store whose writes of finished responses take 300 ms (a busy disk).
+struct SlowStore(SqliteStore);
+
+impl ResponseStore for SlowStore {
+    fn put(&self, rec: &StoredResponse) -> Result<(), StoreError> {
+        if !rec.is_unfinished() {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        self.0.put(rec)
+    }
+    fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+        self.0.get(id)
+    }
+    fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        self.0.delete(id)
+    }
+    fn input_items(&self, id: &str, after: Option<&str>, limit: usize, order: Order) -> Result<Option<Vec<Value>>, StoreError> {
+        self.0.input_items(id, after, limit, order)
+    }
+    fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError> {
+        self.0.append_events(id, events)
+    }
+    fn events(&self, id: &str, starting_after: Option<u64>) -> Result<Option<Vec<Value>>, StoreError> {
+        self.0.events(id, starting_after)
+    }
+    fn chain(&self, id: &str) -> Result<Option<Vec<StoredResponse>>, StoreError> {
+        self.0.chain(id)
+    }
+    fn mark_unfinished_failed(&self) -> Result<usize, StoreError> {
+        self.0.mark_unfinished_failed()
+    }
+    fn expire(&self, now: i64) -> Result<usize, StoreError> {
+        self.0.expire(now)
+    }
+    fn len(&self) -> Result<usize, StoreError> {
+        self.0.len()
+    }
+}
+
+async fn start_with(keys: Vec<String>, blocks: usize, wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>) -> Option<Server> {
     let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
         println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
         return None;
@@ -48,7 +91,7 @@ async fn start_with_blocks(keys: Vec<String>, blocks: usize) -> Option<Server> {
             context_length,
             created: 0,
         },
-        store: Arc::new(store),
+        store: wrap(store),
         keys: ApiKeys::new(keys),
         limits: Limits { max_body_bytes: 64 << 10, ..Limits::default() },
         metrics: HttpMetrics::default(),
@@ -336,5 +379,31 @@ async fn ops_routes_report_the_model_and_metrics() {
         "spindle_kv_blocks_used",
     ] {
         assert!(m.contains(name), "missing {name} in\n{m}");
+    }
+}
+
+/// A client that chains as soon as it reads `response.completed` must find
+/// the stored response: the terminal events are sent after the store write.
+#[tokio::test]
+async fn a_streamed_response_is_stored_before_its_terminal_event() {
+    let Some(s) = start_with(vec![], 256, |s| Arc::new(SlowStore(s))).await else { return };
+    let http = reqwest::Client::new();
+    for round in 0..2 {
+        let mut r = http
+            .post(format!("{}/v1/responses", s.base))
+            .json(&json!({"model": "smollm2-135m-instruct", "input": format!("Say hi {round}."), "stream": true,
+                          "max_output_tokens": 16, "store": true}))
+            .send()
+            .await
+            .expect("send");
+        let mut text = String::new();
+        while !text.contains("event: response.completed") && !text.contains("event: response.incomplete") {
+            let chunk = r.chunk().await.expect("chunk").unwrap_or_else(|| panic!("the stream ended before its terminal event: {text}"));
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        let id = text.split("\"id\":\"").nth(1).and_then(|t| t.split('"').next()).expect("response id").to_string();
+        let got = http.get(format!("{}/v1/responses/{id}", s.base)).send().await.expect("get");
+        assert_eq!(got.status().as_u16(), 200, "round {round}: {id} not yet stored when its stream completed");
+        drop(r);
     }
 }

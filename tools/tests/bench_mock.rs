@@ -80,8 +80,8 @@ async fn bench(base: &str, flags: &[&str]) -> Vec<LevelResult> {
     let args = Args::parse_from(argv);
     let client = Client::new(&args.base_url, args.api, &args.model, None, args.timeout()).unwrap();
     let mut out = Vec::new();
-    for level in levels(&args).unwrap() {
-        out.push(run_level(&args, &client, level, &indicatif::ProgressBar::hidden()).await.unwrap());
+    for (index, level) in levels(&args).unwrap().into_iter().enumerate() {
+        out.push(run_level(&args, &client, level, index, &indicatif::ProgressBar::hidden()).await.unwrap());
     }
     out
 }

@@ -41,6 +41,7 @@ pub async fn drive(
     let mut draining = state.draining.subscribe();
     let mut tool_calls = ToolCallParser::for_response(mapper.response_ref());
     let mut alive = emit(&sink, &mut events, mapper.start()).await;
+    let mut held: Vec<String> = Vec::new();
     while alive {
         let next = tokio::select! {
             e = stream.recv() => Next::Event(e),
@@ -59,21 +60,45 @@ pub async fn drive(
         };
         let terminal = matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. });
         for input in route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state)) {
-            alive = emit(&sink, &mut events, mapper.push(input)).await && alive;
+            let out = mapper.push(input);
+            if terminal && persist.store {
+                // Held back until the response is stored: a client that
+                // chains on `previous_response_id` as soon as it sees
+                // `response.completed` must find it.
+                held.extend(log_only(&mut events, out));
+            } else {
+                alive = emit(&sink, &mut events, out).await && alive;
+            }
         }
         if terminal {
             break;
         }
-    }
-    if alive {
-        send(&sink, sse::DONE.to_string()).await;
     }
     drop(stream);
     let response = serde_json::to_value(mapper.response()).unwrap_or(Value::Null);
     if persist.store {
         save(&state, &response, persist, events).await;
     }
+    for frame in held {
+        alive = alive && send(&sink, frame).await;
+    }
+    if alive {
+        send(&sink, sse::DONE.to_string()).await;
+    }
     response
+}
+
+/// Records `events` in the log and returns their SSE frames unsent.
+fn log_only(log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> Vec<String> {
+    events
+        .into_iter()
+        .map(|e| {
+            let v = serde_json::to_value(&e).unwrap_or(Value::Null);
+            let frame = sse::frame(&v);
+            log.push(v);
+            frame
+        })
+        .collect()
 }
 
 async fn emit(sink: &Option<mpsc::Sender<String>>, log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> bool {

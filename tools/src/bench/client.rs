@@ -74,7 +74,10 @@ impl Client {
             Api::Responses => "responses",
             Api::Chat => "chat/completions",
         };
-        let http = reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(1024).build()?;
+        // A fresh connection per request: servers that close keep-alive
+        // connections after a few requests (cpp-httplib) would otherwise race
+        // the client's reuse and fail requests that never reached them.
+        let http = reqwest::Client::builder().tcp_nodelay(true).pool_max_idle_per_host(0).build()?;
         let url = format!("{}/{path}", base_url.trim_end_matches('/'));
         Ok(Self { http, url, api, model: model.to_string(), api_key, timeout })
     }

@@ -70,16 +70,25 @@ pub fn arrivals(n: usize, rate: f64, arrival: Arrival, rng: &mut Rng) -> Vec<f64
 }
 
 /// Runs one level (warm-up first) and aggregates it.
-pub async fn run_level(args: &Args, client: &Client, level: LoadLevel, progress: &indicatif::ProgressBar) -> Result<LevelResult> {
-    let mut prompts = PromptSource::new(args)?;
+/// `index` numbers the level within the run: each level (and its warm-up)
+/// draws its own prompts, so one level never hits the cache of another's.
+pub async fn run_level(
+    args: &Args,
+    client: &Client,
+    level: LoadLevel,
+    index: usize,
+    progress: &indicatif::ProgressBar,
+) -> Result<LevelResult> {
+    let mut prompts = PromptSource::new(args, level_seed(args.seed, index, false))?;
     if args.warmup > 0 && args.workload == Workload::Fixed {
-        let warm: Vec<RequestSpec> = (0..args.warmup).map(|_| fixed_spec(args, &mut prompts)).collect::<Result<_>>()?;
+        let mut warm_prompts = PromptSource::new(args, level_seed(args.seed, index, true))?;
+        let warm: Vec<RequestSpec> = (0..args.warmup).map(|_| fixed_spec(args, &mut warm_prompts)).collect::<Result<_>>()?;
         closed_loop(client, warm, level.concurrency.min(args.warmup), None, &indicatif::ProgressBar::hidden()).await;
     }
     let deadline = args.duration_s.map(Duration::from_secs_f64);
     let start = Instant::now();
     let records = match (args.workload, level.rate) {
-        (Workload::Agent, _) => agent_loop(args, client, level.concurrency, deadline, progress).await,
+        (Workload::Agent, _) => agent_loop(args, client, level.concurrency, level_seed(args.seed, index, false), deadline, progress).await,
         (Workload::Fixed, None) => {
             let specs = (0..args.requests).map(|_| fixed_spec(args, &mut prompts)).collect::<Result<_>>()?;
             closed_loop(client, specs, level.concurrency, deadline, progress).await
@@ -94,6 +103,10 @@ pub async fn run_level(args: &Args, client: &Client, level: LoadLevel, progress:
     let duration_s = start.elapsed().as_secs_f64();
     let aggregates = aggregate(&records, duration_s, args.slo.as_ref());
     Ok(LevelResult { level, aggregates, records })
+}
+
+fn level_seed(seed: u64, index: usize, warmup: bool) -> u64 {
+    seed.wrapping_add((index as u64 + 1).wrapping_mul(0x9E37_79B9)).wrapping_add(u64::from(warmup) << 40)
 }
 
 fn generation_fields(args: &Args, output_len: usize) -> Value {
@@ -196,6 +209,7 @@ async fn agent_loop(
     args: &Args,
     client: &Client,
     concurrency: usize,
+    seed: u64,
     deadline: Option<Duration>,
     progress: &indicatif::ProgressBar,
 ) -> Vec<RequestRecord> {
@@ -219,7 +233,7 @@ async fn agent_loop(
                     if deadline.is_some_and(|d| start.elapsed() >= d) {
                         break;
                     }
-                    out.extend(conversation(&args, &client, id, turns, start, &progress).await);
+                    out.extend(conversation(&args, &client, seed, id, turns, start, &progress).await);
                 }
                 out
             })
@@ -235,12 +249,13 @@ async fn agent_loop(
 async fn conversation(
     args: &Args,
     client: &Client,
+    seed: u64,
     id: usize,
     turns: usize,
     start: Instant,
     progress: &indicatif::ProgressBar,
 ) -> Vec<RequestRecord> {
-    let mut rng = Rng::new(args.seed ^ (id as u64).wrapping_mul(0x9E37));
+    let mut rng = Rng::new(seed ^ (id as u64).wrapping_mul(0x9E37));
     let mut history = vec![json!({"role": "system", "content": AGENT_INSTRUCTIONS})];
     let mut previous: Option<String> = None;
     let mut out = Vec::new();

@@ -59,8 +59,8 @@ pub struct PromptSource {
 }
 
 impl PromptSource {
-    /// From the flags: loads `--prompts` and `--tokenizer` when given.
-    pub fn new(args: &Args) -> Result<Self> {
+    /// From the flags (loads `--prompts` and `--tokenizer` when given), drawing with `seed`.
+    pub fn new(args: &Args, seed: u64) -> Result<Self> {
         let tokenizer = match &args.tokenizer {
             Some(path) => Some(load_tokenizer(path)?),
             None => None,
@@ -69,7 +69,7 @@ impl PromptSource {
             Some(path) => read_prompt_file(path, args.output_len)?,
             None => Vec::new(),
         };
-        Ok(Self { rng: Rng::new(args.seed), tokenizer, file, next_file: 0 })
+        Ok(Self { rng: Rng::new(seed), tokenizer, file, next_file: 0 })
     }
 
     /// The next prompt: from the file (cycling) or synthetic.

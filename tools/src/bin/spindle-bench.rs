@@ -18,7 +18,7 @@ async fn run(args: Args) -> Result<()> {
     let client = Client::new(&args.base_url, args.api, &args.model, args.api_key.clone(), args.timeout())?;
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut result = RunResult { schema_version: SCHEMA_VERSION, label: args.label(), started_at, args: args.clone(), levels: Vec::new() };
-    for level in levels(&args)? {
+    for (index, level) in levels(&args)?.into_iter().enumerate() {
         let progress = if args.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(args.requests as u64) };
         progress.set_style(
             indicatif::ProgressStyle::with_template("{msg:>18} [{bar:40}] {pos}/{len} {elapsed}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -27,7 +27,7 @@ async fn run(args: Args) -> Result<()> {
             Some(r) => format!("rate {r}/s"),
             None => format!("concurrency {}", level.concurrency),
         });
-        let level_result = run_level(&args, &client, level, &progress).await?;
+        let level_result = run_level(&args, &client, level, index, &progress).await?;
         progress.finish_and_clear();
         result.levels.push(level_result);
     }
