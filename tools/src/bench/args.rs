@@ -41,10 +41,10 @@ pub enum Arrival {
 #[command(name = "spindle-bench", version, about = "Benchmark an LLM server under load (Open Responses or chat completions).")]
 pub struct Args {
     /// Server base URL including `/v1`, e.g. http://127.0.0.1:8080/v1.
-    #[arg(long, env = "SPINDLE_BENCH_BASE_URL")]
+    #[arg(long, env = "SPINDLE_BENCH_BASE_URL", required_unless_present = "replot", default_value = "")]
     pub base_url: String,
     /// Model name sent in every request.
-    #[arg(long)]
+    #[arg(long, required_unless_present = "replot", default_value = "")]
     pub model: String,
     /// Wire protocol.
     #[arg(long, value_enum, default_value = "responses")]
@@ -123,6 +123,10 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Run nothing: write `--report` from the `--compare` files alone.
+    #[arg(long, requires = "report")]
+    #[serde(default)]
+    pub replot: bool,
 }
 
 impl Args {

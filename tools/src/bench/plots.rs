@@ -21,13 +21,22 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-/// The empirical CDF of `values` as points (value, fraction ≤ value).
+/// The empirical CDF of `values` as points (value, fraction ≤ value),
+/// thinned to at most [`CDF_POINTS`].
 pub fn cdf_points(values: &[f64]) -> Vec<(f64, f64)> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     v.sort_by(f64::total_cmp);
-    let n = v.len() as f64;
-    v.iter().enumerate().map(|(i, &x)| (x, (i + 1) as f64 / n)).collect()
+    let n = v.len();
+    // At most CDF_POINTS points (evenly spaced ranks, always the last): charts stay small.
+    let step = n.div_ceil(CDF_POINTS).max(1);
+    (0..n)
+        .filter(|i| i % step == step - 1 || *i == n - 1)
+        .map(|i| (v[i], (i + 1) as f64 / n as f64))
+        .collect()
 }
+
+/// Most points drawn per CDF.
+const CDF_POINTS: usize = 200;
 
 /// A line chart (with point markers) of `series`; an SVG document.
 pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> Result<String, String> {
@@ -82,6 +91,9 @@ mod tests {
     #[test]
     fn cdf_and_chart_render() {
         assert_eq!(cdf_points(&[3.0, 1.0, f64::NAN, 2.0]), vec![(1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]);
+        let many: Vec<f64> = (0..1000).map(f64::from).collect();
+        let thin = cdf_points(&many);
+        assert_eq!((thin.len(), thin[0], thin[199]), (200, (4.0, 0.005), (999.0, 1.0)));
         let svg = line_chart("t", "x", "y", &[Series { label: "run a".into(), points: vec![(1.0, 2.0), (4.0, 3.0)] }])
             .expect("chart");
         assert!(svg.starts_with("<svg") && svg.contains("run a"), "{svg}");

@@ -15,6 +15,9 @@ fn main() -> Result<()> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    if args.replot {
+        return write_report(&args, Vec::new());
+    }
     let client = Client::new(&args.base_url, args.api, &args.model, args.api_key.clone(), args.timeout())?;
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut result = RunResult { schema_version: SCHEMA_VERSION, label: args.label(), started_at, args: args.clone(), levels: Vec::new() };
@@ -33,10 +36,14 @@ async fn run(args: Args) -> Result<()> {
     }
     println!("{}", table(&result));
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&result)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string(&result)?).with_context(|| format!("writing {}", path.display()))?;
     }
+    write_report(&args, vec![result])
+}
+
+/// Writes `--report` (if asked) for `runs` plus every `--compare` file.
+fn write_report(args: &Args, mut runs: Vec<RunResult>) -> Result<()> {
     if let Some(path) = &args.report {
-        let mut runs = vec![result];
         for other in &args.compare {
             let text = std::fs::read_to_string(other).with_context(|| format!("reading {}", other.display()))?;
             runs.push(serde_json::from_str(&text).with_context(|| format!("{}: not a spindle-bench JSON", other.display()))?);
