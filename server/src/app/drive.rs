@@ -32,7 +32,7 @@ pub async fn drive(
     state: Arc<AppState>,
     mut stream: EventStream,
     mut mapper: ResponseMapper,
-    sink: Option<mpsc::Sender<String>>,
+    sink: Option<Sink>,
     persist: Persist,
 ) -> Value {
     let mut events: Vec<Value> = Vec::new();
@@ -51,7 +51,9 @@ pub async fn drive(
         };
         let event = match next {
             Next::Idle => {
-                alive = send(&sink, sse::KEEP_ALIVE.to_string()).await;
+                if sink.as_ref().is_some_and(|s| s.framing == Framing::Sse) {
+                    alive = send(&sink, sse::KEEP_ALIVE.to_string()).await;
+                }
                 continue;
             }
             Next::Stop(why) => GenerationEvent::Failed { message: why.to_string() },
@@ -65,7 +67,7 @@ pub async fn drive(
                 // Held back until the response is stored: a client that
                 // chains on `previous_response_id` as soon as it sees
                 // `response.completed` must find it.
-                held.extend(log_only(&mut events, out));
+                held.extend(log_only(sink.as_ref(), &mut events, out));
             } else {
                 alive = emit(&sink, &mut events, out).await && alive;
             }
@@ -82,40 +84,77 @@ pub async fn drive(
     for frame in held {
         alive = alive && send(&sink, frame).await;
     }
-    if alive {
+    if alive && sink.as_ref().is_some_and(|s| s.framing == Framing::Sse) {
         send(&sink, sse::DONE.to_string()).await;
     }
     response
 }
 
-/// Records `events` in the log and returns their SSE frames unsent.
-fn log_only(log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> Vec<String> {
-    events
-        .into_iter()
-        .map(|e| {
-            let v = serde_json::to_value(&e).unwrap_or(Value::Null);
-            let frame = sse::frame(&v);
-            log.push(v);
-            frame
-        })
-        .collect()
+/// Where a driven response's events go, and how they are framed.
+#[derive(Debug, Clone)]
+pub struct Sink {
+    tx: mpsc::Sender<String>,
+    framing: Framing,
 }
 
-async fn emit(sink: &Option<mpsc::Sender<String>>, log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> bool {
+/// How events are written to a [`Sink`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// SSE frames, keep-alive comments, `data: [DONE]` last.
+    Sse,
+    /// One JSON text per event (WebSocket). No `[DONE]`, and exactly one
+    /// terminal message: a mid-stream failure sends only `response.failed`
+    /// (its `error` field says why), not the SSE `error` event before it.
+    Json,
+}
+
+impl Sink {
+    /// SSE framing into `tx`.
+    pub fn sse(tx: mpsc::Sender<String>) -> Self {
+        Self { tx, framing: Framing::Sse }
+    }
+
+    /// JSON-per-message framing into `tx`.
+    pub fn json(tx: mpsc::Sender<String>) -> Self {
+        Self { tx, framing: Framing::Json }
+    }
+
+    /// The frame for `event`, or `None` when this framing leaves it out.
+    fn frame(&self, event: &Value) -> Option<String> {
+        match self.framing {
+            Framing::Sse => Some(sse::frame(event)),
+            Framing::Json if event["type"] == "error" => None,
+            Framing::Json => Some(event.to_string()),
+        }
+    }
+}
+
+/// Records `events` in the log and returns their frames unsent.
+fn log_only(sink: Option<&Sink>, log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> Vec<String> {
+    let mut frames = Vec::new();
+    for e in events {
+        let v = serde_json::to_value(&e).unwrap_or(Value::Null);
+        frames.extend(sink.and_then(|s| s.frame(&v)));
+        log.push(v);
+    }
+    frames
+}
+
+async fn emit(sink: &Option<Sink>, log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> bool {
     let mut alive = true;
     for e in events {
         let v = serde_json::to_value(&e).unwrap_or(Value::Null);
-        if sink.is_some() {
-            alive = alive && send(sink, sse::frame(&v)).await;
+        if let Some(frame) = sink.as_ref().and_then(|s| s.frame(&v)) {
+            alive = alive && send(sink, frame).await;
         }
         log.push(v);
     }
     alive
 }
 
-async fn send(sink: &Option<mpsc::Sender<String>>, frame: String) -> bool {
+async fn send(sink: &Option<Sink>, frame: String) -> bool {
     match sink {
-        Some(tx) => tx.send(frame).await.is_ok(),
+        Some(s) => s.tx.send(frame).await.is_ok(),
         None => true,
     }
 }

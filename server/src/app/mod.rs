@@ -10,6 +10,7 @@ pub mod sse;
 pub mod state;
 pub mod tools;
 pub mod turn;
+pub mod ws;
 
 pub use state::{AppState, Limits, ModelInfo, SamplingDefaults};
 
@@ -25,7 +26,7 @@ use std::sync::Arc;
 /// The whole router (tests drive it without a socket, `serve` binds it).
 pub fn app(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
-        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses", post(responses::create).get(ws::upgrade))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/responses/{id}/input_items", get(responses::input_items))

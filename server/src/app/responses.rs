@@ -1,6 +1,6 @@
 //! `/v1/responses` handlers.
 
-use super::drive::{drive, Persist};
+use super::drive::{drive, Persist, Sink};
 use super::sse;
 use super::state::AppState;
 use super::turn;
@@ -32,6 +32,41 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
 async fn create_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
     let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
+    let turn = start_turn(&state, value, None).await?;
+    let StartedTurn { req, stream, mapper, persist, id, .. } = turn;
+    if req.background {
+        return background(state, stream, mapper, persist, id, &req).await;
+    }
+    if req.stream {
+        let (tx, rx) = mpsc::channel::<String>(64);
+        tokio::spawn(drive(state, stream, mapper, Some(Sink::sse(tx)), persist));
+        let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>));
+        return Ok(sse_response(body));
+    }
+    let response = drive(state, stream, mapper, None, persist).await;
+    Ok(Json(response).into_response())
+}
+
+/// A validated turn, submitted to the scheduler, ready to be driven.
+pub struct StartedTurn {
+    /// The checked request (sampling defaults filled in).
+    pub req: ValidRequest,
+    /// The scheduler's event stream for this turn.
+    pub stream: spindle_scheduler::EventStream,
+    /// Maps the stream onto response events.
+    pub mapper: ResponseMapper,
+    /// What to store.
+    pub persist: Persist,
+    /// The new response's id.
+    pub id: String,
+    /// The conversation's earlier items (previous turns' inputs and outputs).
+    pub history: Vec<Value>,
+}
+
+/// Validates a create body, resolves the conversation (from `local_history`
+/// when the caller has it, else from the store by `previous_response_id`),
+/// renders and submits the turn.
+pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Option<Vec<Value>>) -> Result<StartedTurn, ApiError> {
     let limits = RequestLimits {
         max_input_items: state.limits.max_input_items,
         max_tools: state.limits.max_tools,
@@ -48,27 +83,22 @@ async fn create_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>)
         Some(m) if m != &state.model.name => return Err(ApiError::model_not_found(m)),
         _ => req.model = Some(state.model.name.clone()),
     }
-    let st = state.clone();
-    let prev = req.previous_response_id.clone();
-    let history = tokio::task::spawn_blocking(move || turn::history(&st, prev.as_deref()))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    let prepared = turn::prepare(&state, &req, history)?;
-    let stream = turn::submit(&state, &req, prepared.prompt)?;
+    let history = match local_history {
+        Some(items) => items,
+        None => {
+            let st = state.clone();
+            let prev = req.previous_response_id.clone();
+            tokio::task::spawn_blocking(move || turn::history(&st, prev.as_deref()))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))??
+        }
+    };
+    let prepared = turn::prepare(state, &req, history)?;
+    let stream = turn::submit(state, &req, prepared.prompt)?;
     let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
     let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
     let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background };
-    if req.background {
-        return background(state, stream, mapper, persist, id, &req).await;
-    }
-    if req.stream {
-        let (tx, rx) = mpsc::channel::<String>(64);
-        tokio::spawn(drive(state, stream, mapper, Some(tx), persist));
-        let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>));
-        return Ok(sse_response(body));
-    }
-    let response = drive(state, stream, mapper, None, persist).await;
-    Ok(Json(response).into_response())
+    Ok(StartedTurn { req, stream, mapper, persist, id, history: prepared.history })
 }
 
 async fn background(

@@ -61,6 +61,8 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// Sampling for fields a request leaves out.
     pub sampling: SamplingDefaults,
+    /// Longest a WebSocket connection may stay open (60 minutes).
+    pub websocket_max_connection: Duration,
 }
 
 impl Default for Limits {
@@ -72,6 +74,7 @@ impl Default for Limits {
             max_output_tokens: 4096,
             request_timeout: Duration::from_secs(600),
             sampling: SamplingDefaults::default(),
+            websocket_max_connection: Duration::from_secs(60 * 60),
         }
     }
 }

@@ -288,6 +288,21 @@ impl ApiError {
         })
     }
 
+    /// The WebSocket error envelope (digest §7):
+    /// `{"type":"error","status","error":{"code","message","param","type"}}`.
+    pub fn to_ws_envelope(&self) -> Value {
+        json!({
+            "type": "error",
+            "status": self.status,
+            "error": {
+                "code": self.code.clone().unwrap_or_else(|| self.kind.as_str().to_owned()),
+                "message": self.message,
+                "param": self.param,
+                "type": self.kind.as_str(),
+            }
+        })
+    }
+
     /// The `error` object of the streaming `error` event.
     pub fn to_payload(&self) -> ErrorPayload {
         ErrorPayload {

@@ -1,0 +1,194 @@
+//! The WebSocket transport on `/v1/responses` (digest §7): each turn is a
+//! `{"type":"response.create", ...}` message, answered by the same event
+//! objects as SSE, one JSON text frame each, exactly one terminal message per
+//! turn, at most one response in flight, connection-local continuation for
+//! `store: false` chains, and a connection time limit.
+
+use super::drive::{drive, Sink};
+use super::responses::{start_turn, StartedTurn};
+use super::state::AppState;
+use crate::protocol::error::ApiError;
+use crate::protocol::ErrorKind;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::response::Response;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Responses remembered per connection for `previous_response_id`.
+const LOCAL_RESPONSES: usize = 16;
+/// How often the server pings an idle connection.
+const PING_EVERY: Duration = Duration::from_secs(30);
+
+/// GET /v1/responses with an upgrade: the WebSocket transport.
+pub async fn upgrade(State(state): State<Arc<AppState>>, ws: WebSocketUpgrade) -> Response {
+    let max = state.limits.max_body_bytes;
+    ws.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| connection(state, socket))
+}
+
+/// The conversations of this connection's recent responses (oldest evicted first).
+#[derive(Default)]
+struct LocalResponses {
+    entries: VecDeque<(String, Vec<Value>)>,
+}
+
+impl LocalResponses {
+    fn get(&self, id: &str) -> Option<Vec<Value>> {
+        self.entries.iter().find(|(k, _)| k == id).map(|(_, items)| items.clone())
+    }
+
+    fn insert(&mut self, id: String, items: Vec<Value>) {
+        if self.entries.len() >= LOCAL_RESPONSES {
+            self.entries.pop_front();
+        }
+        self.entries.push_back((id, items));
+    }
+
+    fn evict(&mut self, id: &str) {
+        self.entries.retain(|(k, _)| k != id);
+    }
+}
+
+/// How a turn ended, for the connection's cache.
+struct TurnOutcome {
+    id: String,
+    previous: Option<String>,
+    /// The whole conversation through this turn, when it succeeded.
+    conversation: Option<Vec<Value>>,
+}
+
+async fn connection(state: Arc<AppState>, socket: WebSocket) {
+    let (mut ws_tx, mut ws_rx) = socket.split();
+    let (out, mut out_rx) = mpsc::channel::<Message>(64);
+    let writer = tokio::spawn(async move {
+        while let Some(message) = out_rx.recv().await {
+            if ws_tx.send(message).await.is_err() {
+                break;
+            }
+        }
+        let _ = ws_tx.close().await;
+    });
+    let limit = tokio::time::sleep(state.limits.websocket_max_connection);
+    tokio::pin!(limit);
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
+    let mut local = LocalResponses::default();
+    let mut running: Option<(JoinHandle<TurnOutcome>, Option<String>)> = None;
+    loop {
+        tokio::select! {
+            message = ws_rx.next() => match message {
+                Some(Ok(Message::Text(text))) => {
+                    if running.is_some() {
+                        let e = ApiError::new(409, ErrorKind::InvalidRequest, "A response is already in progress on this connection; wait for its terminal event or open another connection.")
+                            .with_code("response_in_progress");
+                        send_error(&out, &e).await;
+                        continue;
+                    }
+                    let value: Value = match serde_json::from_str(text.as_str()) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            send_error(&out, &ApiError::invalid_json(e)).await;
+                            continue;
+                        }
+                    };
+                    let previous = value["previous_response_id"].as_str().map(str::to_string);
+                    match begin(&state, value, &local).await {
+                        Ok(turn) => running = Some((tokio::spawn(run_turn(state.clone(), turn, out.clone())), previous)),
+                        Err(e) => {
+                            if let Some(prev) = &previous {
+                                local.evict(prev);
+                            }
+                            send_error(&out, &e).await;
+                        }
+                    }
+                }
+                Some(Ok(Message::Binary(_))) => {
+                    send_error(&out, &ApiError::invalid("type", "Send each response.create as a text message.")).await;
+                }
+                Some(Ok(_)) => {} // ping/pong (answered by the library)
+                None | Some(Err(_)) => break, // closed: the running turn is aborted below
+            },
+            outcome = async { running.as_mut().map(|(h, _)| h).expect("guarded by the select condition").await }, if running.is_some() => {
+                let previous = running.take().and_then(|(_, p)| p);
+                match outcome {
+                    Ok(TurnOutcome { id, conversation: Some(items), .. }) => local.insert(id, items),
+                    Ok(TurnOutcome { previous: Some(prev), .. }) => local.evict(&prev),
+                    Ok(_) => {}
+                    Err(_) => {
+                        if let Some(prev) = previous {
+                            local.evict(&prev);
+                        }
+                    }
+                }
+            }
+            _ = ping.tick() => {
+                if out.send(Message::Ping(Default::default())).await.is_err() {
+                    break;
+                }
+            }
+            _ = &mut limit => {
+                let e = ApiError::new(400, ErrorKind::InvalidRequest, "The WebSocket connection reached its time limit; reconnect to continue.")
+                    .with_code("websocket_connection_limit_reached");
+                send_error(&out, &e).await;
+                break;
+            }
+        }
+    }
+    if let Some((handle, _)) = running {
+        // Dropping the turn's event stream aborts generation and frees its blocks.
+        handle.abort();
+    }
+    drop(out);
+    let _ = writer.await;
+}
+
+/// Checks the WebSocket-only rules, then starts the turn with the
+/// connection's memory of `previous_response_id` (falling back to the store,
+/// which never holds `store: false` responses).
+async fn begin(state: &Arc<AppState>, mut value: Value, local: &LocalResponses) -> Result<StartedTurn, ApiError> {
+    let Some(body) = value.as_object_mut() else {
+        return Err(ApiError::invalid("type", "Expected a JSON object with \"type\": \"response.create\"."));
+    };
+    if body.get("type").and_then(Value::as_str) != Some("response.create") {
+        return Err(ApiError::invalid("type", "Expected \"type\": \"response.create\"."));
+    }
+    body.remove("type");
+    for field in ["stream", "stream_options", "background"] {
+        if body.contains_key(field) {
+            return Err(ApiError::invalid(field, format!("'{field}' is not allowed over WebSocket.")));
+        }
+    }
+    let local_history = body.get("previous_response_id").and_then(Value::as_str).and_then(|id| local.get(id));
+    start_turn(state, value, local_history).await
+}
+
+async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Message>) -> TurnOutcome {
+    let StartedTurn { req, stream, mapper, persist, id, history } = turn;
+    let input_items = persist.input_items.clone();
+    let (tx, mut rx) = mpsc::channel::<String>(64);
+    let forward = tokio::spawn(async move {
+        while let Some(frame) = rx.recv().await {
+            if out.send(Message::Text(frame.into())).await.is_err() {
+                break;
+            }
+        }
+    });
+    let response = drive(state, stream, mapper, Some(Sink::json(tx)), persist).await;
+    let _ = forward.await;
+    let succeeded = matches!(response["status"].as_str(), Some("completed" | "incomplete"));
+    let conversation = succeeded.then(|| {
+        let mut items = history;
+        items.extend(input_items);
+        items.extend(response["output"].as_array().cloned().unwrap_or_default());
+        items
+    });
+    TurnOutcome { id, previous: req.previous_response_id, conversation }
+}
+
+async fn send_error(out: &mpsc::Sender<Message>, e: &ApiError) {
+    let _ = out.send(Message::Text(e.to_ws_envelope().to_string().into())).await;
+}

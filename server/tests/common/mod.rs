@@ -1,0 +1,54 @@
+//! A daemon on a real loopback socket with the real model, for end-to-end tests.
+#![allow(clippy::expect_used, dead_code)]
+
+use axum::serve::ListenerExt;
+use spindle_engine::load::load_model;
+use spindle_engine::runner::ModelRunner;
+use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
+use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
+use spindle_server::store::{SqliteStore, StoreConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A running test server.
+pub struct Server {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Its state (scheduler, store, limits).
+    pub state: Arc<AppState>,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a server with `keys` and `limits`, or `None` (after saying why)
+/// when the real model is not installed.
+pub async fn start(keys: Vec<String>, limits: Limits) -> Option<Server> {
+    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
+        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
+        return None;
+    };
+    let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
+    let blocks = 256;
+    let config = SchedulerConfig { num_blocks: blocks, context_length: m.model.config().context_length, ..SchedulerConfig::default() };
+    let context_length = config.context_length;
+    let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000)).expect("store");
+    let state = Arc::new(AppState {
+        scheduler,
+        model: ModelInfo { name: "smollm2-135m-instruct".into(), tokenizer: m.tokenizer, template: m.template, context_length, created: 0 },
+        store: Arc::new(store),
+        keys: ApiKeys::new(keys),
+        limits,
+        metrics: HttpMetrics::default(),
+        running: Default::default(),
+        draining: tokio::sync::watch::channel(false).0,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let router = app::app(state.clone());
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Some(Server { base, state, _dir: dir })
+}
