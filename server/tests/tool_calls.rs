@@ -207,6 +207,7 @@ async fn start() -> Option<Server> {
         .expect("store");
     let state = Arc::new(AppState {
         scheduler,
+        sealer: spindle_server::app::seal::Sealer::random(),
         model: ModelInfo {
             name: "smollm2-135m-instruct".into(),
             tokenizer: m.tokenizer,

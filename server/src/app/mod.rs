@@ -1,11 +1,13 @@
 //! The HTTP application: routes, middleware and handlers over [`AppState`].
 
 pub mod auth;
+pub mod compact;
 pub mod drive;
 pub mod error;
 pub mod metrics;
 pub mod ops;
 pub mod responses;
+pub mod seal;
 pub mod sse;
 pub mod state;
 pub mod tools;
@@ -27,6 +29,7 @@ use std::sync::Arc;
 pub fn app(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/responses", post(responses::create).get(ws::upgrade))
+        .route("/v1/responses/compact", post(compact::compact))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/responses/{id}/input_items", get(responses::input_items))

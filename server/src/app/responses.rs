@@ -145,7 +145,7 @@ fn sse_response(body: Body) -> Response {
 /// This turn's input items as stored and listed by `input_items`: each with
 /// an `id`, and message content always as a list of parts (the shape the
 /// OpenAI SDK's item types require).
-fn input_items_json(req: &ValidRequest) -> Vec<Value> {
+pub(crate) fn input_items_json(req: &ValidRequest) -> Vec<Value> {
     req.input.iter().filter_map(|i| serde_json::to_value(i).ok()).map(normalize_item).collect()
 }
 
@@ -173,7 +173,7 @@ fn normalize_item(mut item: Value) -> Value {
     item
 }
 
-fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 

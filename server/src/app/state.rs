@@ -83,6 +83,8 @@ impl Default for Limits {
 pub struct AppState {
     /// The scheduler.
     pub scheduler: SchedulerHandle,
+    /// Seals and opens compaction items.
+    pub sealer: super::seal::Sealer,
     /// The served model.
     pub model: ModelInfo,
     /// Stored responses.

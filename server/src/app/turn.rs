@@ -46,13 +46,15 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Res
         .collect::<Result<_, _>>()
         .map_err(|e| ApiError::internal(format!("a stored item no longer parses: {e}")))?;
     check_call_ids(&parsed, &req.input)?;
+    let parsed = open_compactions(state, &parsed, "previous_response_id")?;
+    let input = open_compactions(state, &req.input, "input")?;
     // The prompt must fit the context window and, with room for one output
     // token, the KV pool.
     let cfg = state.scheduler.config();
     let limit = state.model.context_length.min(cfg.num_blocks * cfg.block_size);
     let mut skip = 0;
     loop {
-        let items: Vec<InputItem> = parsed[skip..].iter().chain(req.input.iter()).cloned().collect();
+        let items: Vec<InputItem> = parsed[skip..].iter().chain(input.iter()).cloned().collect();
         let prompt = render(state, req, &items)?;
         if prompt.len() < limit {
             return Ok(PreparedTurn { prompt, history });
@@ -62,6 +64,29 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Res
         }
         skip += 1;
     }
+}
+
+/// Replaces each `compaction` item with the summary it seals (as a message);
+/// one this server did not seal for this model is a 400 naming the item.
+pub fn open_compactions(state: &AppState, items: &[InputItem], param: &str) -> Result<Vec<InputItem>, ApiError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            InputItem::Compaction(c) => {
+                let invalid = || {
+                    ApiError::invalid(
+                        format!("{param}[{i}].encrypted_content"),
+                        "The compaction item's encrypted_content was not produced by this server for this model.",
+                    )
+                };
+                let plain = state.sealer.open(&c.encrypted_content, state.model.name.as_bytes()).map_err(|_| invalid())?;
+                let value: Value = serde_json::from_slice(&plain).map_err(|_| invalid())?;
+                Ok(super::compact::summary_message(value["summary"].as_str().unwrap_or("")))
+            }
+            other => Ok(other.clone()),
+        })
+        .collect()
 }
 
 /// Every `function_call_output` must answer a `function_call` of this

@@ -82,6 +82,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         anyhow::bail!("refusing to serve {addr} without --api-key (or pass --allow-unauthenticated)");
     }
     let store = open_store(&args)?;
+    let key_path = store_path(&args).with_extension("compaction-key");
+    let sealer = spindle_server::app::seal::Sealer::load_or_create(&key_path)?;
     let loaded = load_with_bar(&args.model)?;
     let config = loaded.model.config().clone();
     let num_blocks = KvPool::blocks_for_budget(args.kv_cache_memory_mib << 20, config.num_layers, BLOCK_SIZE, config.kv_dim());
@@ -106,6 +108,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let scheduler = SchedulerHandle::spawn(sched_config, runner, loaded.tokenizer.clone());
     let state = Arc::new(AppState {
         scheduler,
+        sealer,
         model: ModelInfo {
             name: loaded.location.name.clone(),
             tokenizer: loaded.tokenizer,
@@ -190,8 +193,12 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: no new connections; finishing in-flight responses");
 }
 
+fn store_path(args: &ServeArgs) -> PathBuf {
+    args.store_path.clone().unwrap_or_else(|| cache_root().join("responses.sqlite3"))
+}
+
 fn open_store(args: &ServeArgs) -> anyhow::Result<Arc<dyn ResponseStore>> {
-    let path = args.store_path.clone().unwrap_or_else(|| cache_root().join("responses.sqlite3"));
+    let path = store_path(args);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

@@ -35,6 +35,7 @@ pub async fn start(keys: Vec<String>, limits: Limits) -> Option<Server> {
     let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000)).expect("store");
     let state = Arc::new(AppState {
         scheduler,
+        sealer: spindle_server::app::seal::Sealer::random(),
         model: ModelInfo { name: "smollm2-135m-instruct".into(), tokenizer: m.tokenizer, template: m.template, context_length, created: 0 },
         store: Arc::new(store),
         keys: ApiKeys::new(keys),

@@ -1,0 +1,159 @@
+//! `POST /v1/responses/compact` (digest §8): the conversation so far becomes
+//! a model-written summary, sealed into a `compaction` item, followed by the
+//! most recent turn kept verbatim. The `output` goes back as the `input` of a
+//! new chain, where the summary is opened and rendered as context.
+
+use super::responses::{input_items_json, unix_now};
+use super::state::AppState;
+use super::turn;
+use crate::protocol::error::ApiError;
+use crate::protocol::items::{InputMessage, MessageContent, Role};
+use crate::protocol::request::{validate, RequestLimits};
+use crate::protocol::{to_chat_messages, InputItem};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use spindle_engine::sampling::SamplingParams;
+use spindle_scheduler::output::StopConditions;
+use spindle_scheduler::{GenerationEvent, GenerationRequest};
+use std::sync::Arc;
+
+/// Longest summary the model may write.
+const SUMMARY_TOKENS: usize = 256;
+const SUMMARY_INSTRUCTIONS: &str = "You compress conversations. Summarize the conversation below in a few sentences. Keep facts, names, numbers, decisions and open tasks. Write only the summary.";
+
+/// POST /v1/responses/compact
+pub async fn compact(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match compact_inner(state, body).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn compact_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
+    let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
+    if value.get("model").is_none_or(Value::is_null) {
+        return Err(ApiError::invalid("model", "Missing required parameter: 'model'.").with_code("missing_required_parameter"));
+    }
+    let limits = RequestLimits {
+        max_input_items: state.limits.max_input_items,
+        max_tools: state.limits.max_tools,
+        max_output_tokens: state.limits.max_output_tokens as u32,
+    };
+    let req = validate(value, &limits)?;
+    if req.model.as_deref() != Some(state.model.name.as_str()) {
+        return Err(ApiError::model_not_found(req.model.as_deref().unwrap_or("")));
+    }
+    let st = state.clone();
+    let prev = req.previous_response_id.clone();
+    let history = tokio::task::spawn_blocking(move || turn::history(&st, prev.as_deref()))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let mut json_items = history;
+    json_items.extend(input_items_json(&req));
+    let items: Vec<InputItem> = json_items
+        .iter()
+        .map(|v| serde_json::from_value::<InputItem>(v.clone()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ApiError::internal(format!("a stored item no longer parses: {e}")))?;
+    let items = turn::open_compactions(&state, &items, "input")?;
+    let keep_from = items.iter().rposition(is_user_message).unwrap_or(items.len());
+    let (summary, usage) = summarize(&state, req.instructions.as_deref(), &items[..keep_from]).await?;
+    let sealed = state.sealer.seal(json!({ "summary": summary }).to_string().as_bytes(), state.model.name.as_bytes());
+    let mut output = vec![json!({
+        "type": "compaction",
+        "id": format!("cmp_{}", uuid::Uuid::new_v4().simple()),
+        "encrypted_content": sealed,
+    })];
+    output.extend(json_items[keep_from..].iter().cloned());
+    Ok(json!({
+        "id": format!("resp_{}", uuid::Uuid::new_v4().simple()),
+        "object": "response.compaction",
+        "created_at": unix_now(),
+        "output": output,
+        "usage": usage,
+    }))
+}
+
+fn is_user_message(item: &InputItem) -> bool {
+    matches!(item, InputItem::Message(m) if m.role == Role::User)
+}
+
+/// The model's summary of `items` (empty when there is nothing before the
+/// kept turn) and the usage of making it.
+async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputItem]) -> Result<(String, Value), ApiError> {
+    if items.is_empty() && instructions.is_none_or(str::is_empty) {
+        return Ok((String::new(), usage_json(0, 0, 0)));
+    }
+    let transcript = to_chat_messages(instructions, items)?
+        .iter()
+        .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or("user"), m["content"].as_str().unwrap_or("")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let messages = vec![json!({"role": "system", "content": SUMMARY_INSTRUCTIONS}), json!({"role": "user", "content": transcript})];
+    let text = state
+        .model
+        .template
+        .render(&messages, None, true)
+        .map_err(|e| ApiError::internal(format!("the chat template failed: {e}")))?;
+    let prompt = state.model.tokenizer.encode(&text, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))?;
+    let cfg = state.scheduler.config();
+    let limit = state.model.context_length.min(cfg.num_blocks * cfg.block_size);
+    if prompt.len() + SUMMARY_TOKENS > limit {
+        return Err(ApiError::context_length_exceeded(prompt.len() + SUMMARY_TOKENS, limit));
+    }
+    let request = GenerationRequest {
+        prompt,
+        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        stop: StopConditions {
+            stop_token_ids: state.model.tokenizer.eos_ids().to_vec(),
+            max_tokens: SUMMARY_TOKENS,
+            ..StopConditions::default()
+        },
+        cache_salt: None,
+    };
+    let mut stream = state.scheduler.submit(request).map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut summary = String::new();
+    let deadline = tokio::time::Instant::now() + state.limits.request_timeout;
+    loop {
+        let event = tokio::time::timeout_at(deadline, stream.recv())
+            .await
+            .map_err(|_| ApiError::internal("compaction exceeded the server's time limit"))?;
+        match event {
+            Some(GenerationEvent::Delta { text, .. }) => summary.push_str(&text),
+            Some(GenerationEvent::Finished { text, usage, .. }) => {
+                summary.push_str(&text);
+                let usage = usage_json(usage.input_tokens, usage.cached_tokens, usage.output_tokens);
+                return Ok((summary.trim().to_string(), usage));
+            }
+            Some(GenerationEvent::Failed { message }) => return Err(ApiError::model_error(message)),
+            Some(GenerationEvent::Started { .. }) => {}
+            None => return Err(ApiError::internal("the scheduler ended the compaction early")),
+        }
+    }
+}
+
+fn usage_json(input: usize, cached: usize, output: usize) -> Value {
+    json!({
+        "input_tokens": input,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input + output,
+    })
+}
+
+/// The message a compaction item becomes in the prompt.
+pub fn summary_message(summary: &str) -> InputItem {
+    InputItem::Message(InputMessage {
+        id: None,
+        role: Role::User,
+        content: MessageContent::Text(format!("Summary of the earlier conversation:\n{summary}")),
+        status: None,
+        phase: None,
+    })
+}
