@@ -22,7 +22,7 @@ use spindle_scheduler::{GenerationEvent, GenerationRequest};
 use std::sync::Arc;
 
 /// Longest summary the model may write.
-const SUMMARY_TOKENS: usize = 256;
+const SUMMARY_TOKENS: usize = 160;
 const SUMMARY_INSTRUCTIONS: &str = "You compress conversations. Summarize the conversation below in a few sentences. Keep facts, names, numbers, decisions and open tasks. Write only the summary.";
 
 /// POST /v1/responses/compact

@@ -169,6 +169,11 @@ fn normalize_item(mut item: Value) -> Value {
         if item.get("status").is_none_or(Value::is_null) {
             item["status"] = json!("completed");
         }
+        if let Some(parts) = item.get_mut("content").and_then(Value::as_array_mut) {
+            for part in parts.iter_mut().filter(|p| p["type"] == "output_text" && p.get("annotations").is_none()) {
+                part["annotations"] = json!([]);
+            }
+        }
     }
     item
 }
