@@ -85,6 +85,7 @@ async fn start_with(keys: Vec<String>, blocks: usize, wrap: fn(SqliteStore) -> A
     let state = Arc::new(AppState {
         scheduler,
         sealer: spindle_server::app::seal::Sealer::random(),
+        idempotency: Default::default(),
         model: ModelInfo {
             name: "smollm2-135m-instruct".into(),
             tokenizer: m.tokenizer,

@@ -208,6 +208,7 @@ async fn start() -> Option<Server> {
     let state = Arc::new(AppState {
         scheduler,
         sealer: spindle_server::app::seal::Sealer::random(),
+        idempotency: Default::default(),
         model: ModelInfo {
             name: "smollm2-135m-instruct".into(),
             tokenizer: m.tokenizer,

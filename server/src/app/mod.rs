@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod compact;
 pub mod drive;
+pub mod lmsp;
 pub mod error;
 pub mod metrics;
 pub mod ops;
@@ -35,8 +36,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/v1/models", get(ops::models))
         .layer(middleware::from_fn_with_state(state.clone(), require_key));
+    let lmsp_routes = Router::new()
+        .route("/lmsp/v1/responses", post(lmsp::create))
+        .route("/lmsp/v1/responses/{id}", get(lmsp::retrieve))
+        .route("/lmsp/v1/capabilities", get(lmsp::capabilities))
+        .layer(middleware::from_fn_with_state(state.clone(), require_key_problem));
     Router::new()
         .merge(v1)
+        .merge(lmsp_routes)
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))
         .route("/metrics", get(ops::metrics))
@@ -55,6 +62,15 @@ async fn require_key(State(state): State<Arc<AppState>>, request: Request, next:
         next.run(request).await
     } else {
         ApiError::unauthorized().into_response()
+    }
+}
+
+async fn require_key_problem(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let auth = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if state.keys.accepts(auth) {
+        next.run(request).await
+    } else {
+        lmsp::problem::Problem(ApiError::unauthorized()).into_response()
     }
 }
 

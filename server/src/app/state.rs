@@ -85,6 +85,8 @@ pub struct AppState {
     pub scheduler: SchedulerHandle,
     /// Seals and opens compaction items.
     pub sealer: super::seal::Sealer,
+    /// LMSP `Idempotency-Key` outcomes.
+    pub idempotency: super::lmsp::idempotency::IdempotencyKeys,
     /// The served model.
     pub model: ModelInfo,
     /// Stored responses.

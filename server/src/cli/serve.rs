@@ -109,6 +109,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let state = Arc::new(AppState {
         scheduler,
         sealer,
+        idempotency: Default::default(),
         model: ModelInfo {
             name: loaded.location.name.clone(),
             tokenizer: loaded.tokenizer,

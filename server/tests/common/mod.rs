@@ -36,6 +36,7 @@ pub async fn start(keys: Vec<String>, limits: Limits) -> Option<Server> {
     let state = Arc::new(AppState {
         scheduler,
         sealer: spindle_server::app::seal::Sealer::random(),
+        idempotency: Default::default(),
         model: ModelInfo { name: "smollm2-135m-instruct".into(), tokenizer: m.tokenizer, template: m.template, context_length, created: 0 },
         store: Arc::new(store),
         keys: ApiKeys::new(keys),
