@@ -99,6 +99,8 @@ fn bench_overhead(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let state = Arc::new(AppState {
         scheduler: scheduler(&tok),
+        sealer: spindle_server::app::seal::Sealer::random(),
+        idempotency: Default::default(),
         model: ModelInfo {
             name: "m".into(),
             tokenizer: tok.clone(),

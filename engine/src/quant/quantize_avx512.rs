@@ -72,6 +72,7 @@ unsafe fn round_half_away(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use crate::quant::dot::quantize_row_q8_scalar;

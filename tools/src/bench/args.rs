@@ -187,6 +187,7 @@ fn parse_duration_ms(value: &str) -> Result<f64, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

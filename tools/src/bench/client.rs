@@ -226,6 +226,7 @@ fn read_usage(usage: &Value, input: &str, output: &str, details: &str, record: &
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

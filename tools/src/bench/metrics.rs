@@ -150,6 +150,7 @@ fn by_turn(ok: &[&RequestRecord]) -> Vec<f64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -85,6 +85,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -36,7 +36,7 @@ pub struct LevelResult {
 
 /// The levels the flags ask for.
 pub fn levels(args: &Args) -> Result<Vec<LoadLevel>> {
-    if args.concurrency.iter().any(|&c| c == 0) {
+    if args.concurrency.contains(&0) {
         bail!("--concurrency levels must be at least 1");
     }
     if args.rate.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
@@ -295,6 +295,7 @@ async fn conversation(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -154,6 +154,7 @@ pub const AGENT_INSTRUCTIONS: &str =
     "You are a coding agent working in a large repository. Think step by step, use the tools when needed, and keep answers short.";
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -115,6 +115,7 @@ pub fn sse_frame(id: u64, event: &str, data: &Value) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 
