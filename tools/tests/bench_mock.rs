@@ -65,9 +65,32 @@ async fn responses(State(mock): State<Mock>, Json(body): Json<Value>) -> Respons
     Response::builder().header("content-type", "text/event-stream").body(Body::from_stream(stream)).unwrap()
 }
 
+/// WebSocket turns: three deltas then `response.completed`, per `response.create`.
+async fn websocket(State(mock): State<Mock>, ws: axum::extract::ws::WebSocketUpgrade) -> Response {
+    use axum::extract::ws::Message;
+    ws.on_upgrade(move |mut socket| async move {
+        while let Some(Ok(Message::Text(text))) = socket.recv().await {
+            let body: Value = serde_json::from_str(text.as_str()).unwrap();
+            let cached = if body["previous_response_id"].is_string() { 90 } else { 0 };
+            let n = {
+                let mut seen = mock.bodies.lock().unwrap();
+                seen.push(body);
+                seen.len()
+            };
+            for _ in 0..3 {
+                let delta = json!({"type": "response.output_text.delta", "delta": "x"});
+                socket.send(Message::Text(delta.to_string().into())).await.unwrap();
+            }
+            let done = json!({"type": "response.completed", "response": {"id": format!("resp_{n}"),
+                "usage": {"input_tokens": 100, "output_tokens": 3, "input_tokens_details": {"cached_tokens": cached}}}});
+            socket.send(Message::Text(done.to_string().into())).await.unwrap();
+        }
+    })
+}
+
 async fn start(mode: Mode) -> (String, Mock) {
     let mock = Mock { mode, bodies: Arc::default() };
-    let app = Router::new().route("/v1/responses", post(responses)).with_state(mock.clone());
+    let app = Router::new().route("/v1/responses", post(responses).get(websocket)).with_state(mock.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}/v1", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -159,4 +182,16 @@ async fn agent_turns_chain_and_report_cache_hits_per_turn() {
     assert!(sent.iter().all(|b| b["tools"].as_array().map(Vec::len) == Some(2) && b["store"] == true));
     let chained: Vec<&Value> = sent.iter().filter(|b| b["previous_response_id"].is_string()).collect();
     assert_eq!(chained.len(), 4, "turns 2 and 3 of both conversations chain");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_agent_turns_chain_on_one_connection() {
+    let (base, mock) = start(Mode::Stream { first_ms: 1, gap_ms: 1, deltas: 3 }).await;
+    let result = bench(&base, &["--api", "websocket", "--workload", "agent", "--turns", "3", "--requests", "6", "--concurrency", "2"]).await;
+    let a = &result[0].aggregates;
+    assert_eq!((a.completed, a.errors.len()), (6, 0), "{:?}", a.errors);
+    assert_eq!(a.cache_hit_rate_by_turn, vec![0.0, 0.9, 0.9]);
+    let sent = mock.bodies.lock().unwrap();
+    assert!(sent.iter().all(|b| b["type"] == "response.create" && b["store"] == false && b.get("stream").is_none()), "{sent:?}");
+    assert_eq!(sent.iter().filter(|b| b["previous_response_id"].is_string()).count(), 4);
 }

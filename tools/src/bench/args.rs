@@ -13,6 +13,9 @@ pub enum Api {
     Responses,
     /// OpenAI-compatible `POST /v1/chat/completions`, streaming.
     Chat,
+    /// Open Responses over WebSocket (`/v1/responses`, `response.create`
+    /// turns); each client keeps its connection, agent turns chain on it.
+    Websocket,
 }
 
 /// What the requests contain.

@@ -2,7 +2,7 @@
 
 use super::args::Api;
 use super::sse::SseParser;
-use futures_util::StreamExt;
+use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -56,6 +56,12 @@ impl RequestRecord {
     }
 }
 
+/// One client's connection state (a WebSocket, for `--api websocket`).
+#[derive(Default)]
+pub struct Session {
+    ws: Option<tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>>,
+}
+
 /// An HTTP client for one target.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -71,7 +77,7 @@ impl Client {
     /// For `base_url` (ending in `/v1`).
     pub fn new(base_url: &str, api: Api, model: &str, api_key: Option<String>, timeout: Duration) -> anyhow::Result<Self> {
         let path = match api {
-            Api::Responses => "responses",
+            Api::Responses | Api::Websocket => "responses",
             Api::Chat => "chat/completions",
         };
         // A fresh connection per request: servers that close keep-alive
@@ -85,6 +91,62 @@ impl Client {
     /// The API this client speaks.
     pub fn api(&self) -> Api {
         self.api
+    }
+
+    /// Like [`Client::send`], reusing `session`'s WebSocket connection (made
+    /// on first use, dropped after a failure); HTTP APIs ignore the session.
+    pub async fn send_in(&self, session: &mut Session, spec: &RequestSpec, level_start: Instant) -> RequestRecord {
+        if self.api != Api::Websocket {
+            return self.send(spec, level_start).await;
+        }
+        let start = Instant::now();
+        let mut record = RequestRecord { start_ms: ms(start.duration_since(level_start)), turn: spec.turn, ..RequestRecord::default() };
+        match tokio::time::timeout(self.timeout, self.ws_turn(session, spec, start, &mut record)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(kind)) => record.error = Some(kind),
+            Err(_) => record.error = Some("timeout".into()),
+        }
+        if record.error.is_some() {
+            session.ws = None;
+        }
+        record.e2e_ms = ms(start.elapsed());
+        record
+    }
+
+    async fn ws_turn(&self, session: &mut Session, spec: &RequestSpec, start: Instant, record: &mut RequestRecord) -> Result<(), String> {
+        use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+        if session.ws.is_none() {
+            let url = self.url.replacen("http", "ws", 1);
+            let mut request = url.into_client_request().map_err(|_| "connect".to_string())?;
+            if let Some(key) = &self.api_key {
+                let value = format!("Bearer {key}").parse().map_err(|_| "connect".to_string())?;
+                request.headers_mut().insert("authorization", value);
+            }
+            let (ws, _) = tokio_tungstenite::connect_async(request).await.map_err(|_| "connect".to_string())?;
+            session.ws = Some(ws);
+        }
+        let ws = session.ws.as_mut().ok_or("connect")?;
+        let mut body = spec.body.clone();
+        body["type"] = json!("response.create");
+        body["model"] = json!(self.model);
+        ws.send(Message::Text(body.to_string().into())).await.map_err(|_| "send".to_string())?;
+        let mut state = StreamState::default();
+        while let Some(message) = ws.next().await {
+            let Message::Text(text) = message.map_err(|_| "stream".to_string())? else { continue };
+            let arrived = Instant::now();
+            if serde_json::from_str::<Value>(text.as_str()).is_ok_and(|v| v["type"] == "error") {
+                return Err("server_error".into());
+            }
+            state.handle(Api::Responses, text.as_str(), ms(arrived.duration_since(start)), record)?;
+            record.client_overhead_us += arrived.elapsed().as_secs_f64() * 1e6;
+            if state.finished {
+                if record.output_tokens == 0 {
+                    record.output_tokens = state.deltas;
+                }
+                return Ok(());
+            }
+        }
+        Err("incomplete_stream".into())
     }
 
     /// Sends `spec`, streams the reply, and measures it; never fails (errors are recorded).
@@ -165,7 +227,7 @@ impl StreamState {
         }
         let event: Value = serde_json::from_str(data).map_err(|_| "bad_json".to_string())?;
         let delta = match api {
-            Api::Responses => self.responses_event(&event, record)?,
+            Api::Responses | Api::Websocket => self.responses_event(&event, record)?,
             Api::Chat => self.chat_chunk(&event, record)?,
         };
         if let Some(text) = delta {

@@ -3,7 +3,7 @@
 //! request count and time.
 
 use super::args::{Api, Args, Arrival, Workload};
-use super::client::{Client, RequestRecord, RequestSpec};
+use super::client::{Client, RequestRecord, RequestSpec, Session};
 use super::metrics::{aggregate, Aggregates};
 use super::workload::{agent_tools, PromptSource, Rng, AGENT_INSTRUCTIONS};
 use anyhow::{bail, Result};
@@ -111,7 +111,7 @@ fn level_seed(seed: u64, index: usize, warmup: bool) -> u64 {
 
 fn generation_fields(args: &Args, output_len: usize) -> Value {
     let limit = match args.api {
-        Api::Responses => "max_output_tokens",
+        Api::Responses | Api::Websocket => "max_output_tokens",
         Api::Chat => "max_tokens",
     };
     let mut body = json!({"temperature": args.temperature});
@@ -126,7 +126,7 @@ fn fixed_spec(args: &Args, prompts: &mut PromptSource) -> Result<RequestSpec> {
     let prompt = prompts.next(args)?;
     let mut body = generation_fields(args, prompt.output_len);
     match args.api {
-        Api::Responses => {
+        Api::Responses | Api::Websocket => {
             body["input"] = json!(prompt.text);
             body["store"] = json!(false);
         }
@@ -149,12 +149,13 @@ async fn closed_loop(
             let (queue, client, progress) = (queue.clone(), client.clone(), progress.clone());
             tokio::spawn(async move {
                 let mut out = Vec::new();
+                let mut session = Session::default();
                 loop {
                     if deadline.is_some_and(|d| start.elapsed() >= d) {
                         break;
                     }
                     let Some(spec) = queue.lock().ok().and_then(|mut q| q.pop_front()) else { break };
-                    out.push(client.send(&spec, start).await);
+                    out.push(client.send_in(&mut session, &spec, start).await);
                     progress.inc(1);
                 }
                 out
@@ -188,7 +189,7 @@ async fn open_loop(
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
         let (client, progress) = (client.clone(), progress.clone());
         tasks.push(tokio::spawn(async move {
-            let record = client.send(&spec, start).await;
+            let record = client.send_in(&mut Session::default(), &spec, start).await;
             drop(permit);
             progress.inc(1);
             record
@@ -258,6 +259,7 @@ async fn conversation(
     let mut rng = Rng::new(seed ^ (id as u64).wrapping_mul(0x9E37));
     let mut history = vec![json!({"role": "system", "content": AGENT_INSTRUCTIONS})];
     let mut previous: Option<String> = None;
+    let mut session = Session::default();
     let mut out = Vec::new();
     for turn in 0..turns {
         let ask = format!(
@@ -268,10 +270,11 @@ async fn conversation(
         let mut body = generation_fields(args, args.output_len);
         body["tools"] = agent_tools(args.api);
         match args.api {
-            Api::Responses => {
+            Api::Responses | Api::Websocket => {
                 body["instructions"] = json!(AGENT_INSTRUCTIONS);
                 body["input"] = json!(ask);
-                body["store"] = json!(true);
+                // Over WebSocket the chain lives on the connection (zero retention).
+                body["store"] = json!(args.api == Api::Responses);
                 if let Some(prev) = &previous {
                     body["previous_response_id"] = json!(prev);
                 }
@@ -281,13 +284,13 @@ async fn conversation(
                 body["messages"] = json!(history);
             }
         }
-        let record = client.send(&RequestSpec { body, turn: Some(turn) }, start).await;
+        let record = client.send_in(&mut session, &RequestSpec { body, turn: Some(turn) }, start).await;
         progress.inc(1);
         let failed = record.error.is_some();
         previous = record.response_id.clone();
         history.push(json!({"role": "assistant", "content": record.text}));
         out.push(record);
-        if failed || (args.api == Api::Responses && previous.is_none()) {
+        if failed || (args.api != Api::Chat && previous.is_none()) {
             break;
         }
     }

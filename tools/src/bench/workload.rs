@@ -138,7 +138,7 @@ pub fn agent_tools(api: super::args::Api) -> Value {
     let list: Vec<Value> = tools
         .iter()
         .map(|(name, description)| match api {
-            super::args::Api::Responses => {
+            super::args::Api::Responses | super::args::Api::Websocket => {
                 json!({"type": "function", "name": name, "description": description, "parameters": params})
             }
             super::args::Api::Chat => {
