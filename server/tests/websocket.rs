@@ -142,7 +142,12 @@ async fn one_response_in_flight_and_a_close_frees_the_blocks() {
         }
         saw_created |= v["type"] == "response.created";
     }
-    assert!(s.state.scheduler.check_kv().unwrap().used > 0, "the first response is generating");
+    // `response.created` precedes admission: wait until the first response holds blocks.
+    let admitted = std::time::Instant::now() + Duration::from_secs(10);
+    while s.state.scheduler.check_kv().unwrap().used == 0 {
+        assert!(std::time::Instant::now() < admitted, "the first response never started generating");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     ws.close(None).await.unwrap();
     drop(ws);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -168,4 +173,21 @@ async fn the_connection_limit_ends_with_its_error_code() {
     })
     .await;
     assert!(end.is_ok(), "the server closes the connection after the limit");
+}
+
+/// A client that sends its next turn the moment it reads a terminal event is
+/// never told a response is still in progress.
+#[tokio::test]
+async fn the_next_turn_may_follow_the_terminal_event_at_once() {
+    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let mut ws = connect(&s, None).await.expect("connect");
+    let mut previous: Option<String> = None;
+    for round in 0..8 {
+        let extra = previous.as_ref().map_or(json!({}), |id| json!({"previous_response_id": id}));
+        send(&mut ws, create(json!(format!("Turn {round}: one word please.")), extra)).await;
+        let events = turn(&mut ws).await;
+        let last = terminal(&events);
+        assert_ne!(last["type"], "error", "round {round}: {last}");
+        previous = last["response"]["id"].as_str().map(str::to_string);
+    }
 }

@@ -61,6 +61,11 @@ pub async fn drive(
             Next::Event(Some(e)) => e,
         };
         let terminal = matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. });
+        if terminal {
+            if let Some(flag) = sink.as_ref().and_then(|s| s.ending.as_ref()) {
+                flag.store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
         for input in route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state)) {
             let out = mapper.push(input);
             if terminal && persist.store {
@@ -95,6 +100,8 @@ pub async fn drive(
 pub struct Sink {
     tx: mpsc::Sender<String>,
     framing: Framing,
+    /// Set before the terminal event's frames are sent.
+    ending: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// How events are written to a [`Sink`].
@@ -111,12 +118,19 @@ pub enum Framing {
 impl Sink {
     /// SSE framing into `tx`.
     pub fn sse(tx: mpsc::Sender<String>) -> Self {
-        Self { tx, framing: Framing::Sse }
+        Self { tx, framing: Framing::Sse, ending: None }
     }
 
     /// JSON-per-message framing into `tx`.
     pub fn json(tx: mpsc::Sender<String>) -> Self {
-        Self { tx, framing: Framing::Json }
+        Self { tx, framing: Framing::Json, ending: None }
+    }
+
+    /// Also set `flag` before the terminal event's frames go out (so whoever
+    /// reads the terminal event knows the response is ending).
+    pub fn with_ending_flag(mut self, flag: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.ending = Some(flag);
+        self
     }
 
     /// The frame for `event`, or `None` when this framing leaves it out.

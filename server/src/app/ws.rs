@@ -15,6 +15,7 @@ use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -62,6 +63,29 @@ struct TurnOutcome {
     conversation: Option<Vec<Value>>,
 }
 
+/// The turn in flight on a connection.
+struct Running {
+    handle: JoinHandle<TurnOutcome>,
+    previous: Option<String>,
+    /// Set once its terminal event is on the way out.
+    ending: Arc<AtomicBool>,
+}
+
+/// Updates the connection's memory with a finished turn: remember a success,
+/// evict the parent of a failed continuation.
+fn settle(local: &mut LocalResponses, previous: Option<String>, outcome: Result<TurnOutcome, tokio::task::JoinError>) {
+    match outcome {
+        Ok(TurnOutcome { id, conversation: Some(items), .. }) => local.insert(id, items),
+        Ok(TurnOutcome { previous: Some(prev), .. }) => local.evict(&prev),
+        Ok(_) => {}
+        Err(_) => {
+            if let Some(prev) = previous {
+                local.evict(&prev);
+            }
+        }
+    }
+}
+
 async fn connection(state: Arc<AppState>, socket: WebSocket) {
     let (mut ws_tx, mut ws_rx) = socket.split();
     let (out, mut out_rx) = mpsc::channel::<Message>(64);
@@ -77,16 +101,21 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
     tokio::pin!(limit);
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
     let mut local = LocalResponses::default();
-    let mut running: Option<(JoinHandle<TurnOutcome>, Option<String>)> = None;
+    let mut running: Option<Running> = None;
     loop {
         tokio::select! {
             message = ws_rx.next() => match message {
                 Some(Ok(Message::Text(text))) => {
-                    if running.is_some() {
-                        let e = ApiError::new(409, ErrorKind::InvalidRequest, "A response is already in progress on this connection; wait for its terminal event or open another connection.")
-                            .with_code("response_in_progress");
-                        send_error(&out, &e).await;
-                        continue;
+                    if let Some(turn) = running.take() {
+                        if !turn.ending.load(Ordering::Acquire) {
+                            running = Some(turn);
+                            let e = ApiError::new(409, ErrorKind::InvalidRequest, "A response is already in progress on this connection; wait for its terminal event or open another connection.")
+                                .with_code("response_in_progress");
+                            send_error(&out, &e).await;
+                            continue;
+                        }
+                        // Its terminal event is out: let it finish, then take this turn.
+                        settle(&mut local, turn.previous, turn.handle.await);
                     }
                     let value: Value = match serde_json::from_str(text.as_str()) {
                         Ok(v) => v,
@@ -97,7 +126,11 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
                     };
                     let previous = value["previous_response_id"].as_str().map(str::to_string);
                     match begin(&state, value, &local).await {
-                        Ok(turn) => running = Some((tokio::spawn(run_turn(state.clone(), turn, out.clone())), previous)),
+                        Ok(turn) => {
+                            let ending = Arc::new(AtomicBool::new(false));
+                            let handle = tokio::spawn(run_turn(state.clone(), turn, out.clone(), ending.clone()));
+                            running = Some(Running { handle, previous, ending });
+                        }
                         Err(e) => {
                             if let Some(prev) = &previous {
                                 local.evict(prev);
@@ -112,18 +145,9 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
                 Some(Ok(_)) => {} // ping/pong (answered by the library)
                 None | Some(Err(_)) => break, // closed: the running turn is aborted below
             },
-            outcome = async { running.as_mut().map(|(h, _)| h).expect("guarded by the select condition").await }, if running.is_some() => {
-                let previous = running.take().and_then(|(_, p)| p);
-                match outcome {
-                    Ok(TurnOutcome { id, conversation: Some(items), .. }) => local.insert(id, items),
-                    Ok(TurnOutcome { previous: Some(prev), .. }) => local.evict(&prev),
-                    Ok(_) => {}
-                    Err(_) => {
-                        if let Some(prev) = previous {
-                            local.evict(&prev);
-                        }
-                    }
-                }
+            outcome = async { (&mut running.as_mut().expect("guarded by the select condition").handle).await }, if running.is_some() => {
+                let previous = running.take().and_then(|turn| turn.previous);
+                settle(&mut local, previous, outcome);
             }
             _ = ping.tick() => {
                 if out.send(Message::Ping(Default::default())).await.is_err() {
@@ -138,9 +162,9 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
             }
         }
     }
-    if let Some((handle, _)) = running {
+    if let Some(turn) = running {
         // Dropping the turn's event stream aborts generation and frees its blocks.
-        handle.abort();
+        turn.handle.abort();
     }
     drop(out);
     let _ = writer.await;
@@ -166,7 +190,7 @@ async fn begin(state: &Arc<AppState>, mut value: Value, local: &LocalResponses) 
     start_turn(state, value, local_history).await
 }
 
-async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Message>) -> TurnOutcome {
+async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Message>, ending: Arc<AtomicBool>) -> TurnOutcome {
     let StartedTurn { req, stream, mapper, persist, id, history } = turn;
     let input_items = persist.input_items.clone();
     let (tx, mut rx) = mpsc::channel::<String>(64);
@@ -177,7 +201,7 @@ async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Mes
             }
         }
     });
-    let response = drive(state, stream, mapper, Some(Sink::json(tx)), persist).await;
+    let response = drive(state, stream, mapper, Some(Sink::json(tx).with_ending_flag(ending)), persist).await;
     let _ = forward.await;
     let succeeded = matches!(response["status"].as_str(), Some("completed" | "incomplete"));
     let conversation = succeeded.then(|| {

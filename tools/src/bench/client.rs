@@ -134,8 +134,9 @@ impl Client {
         while let Some(message) = ws.next().await {
             let Message::Text(text) = message.map_err(|_| "stream".to_string())? else { continue };
             let arrived = Instant::now();
-            if serde_json::from_str::<Value>(text.as_str()).is_ok_and(|v| v["type"] == "error") {
-                return Err("server_error".into());
+            if let Some(envelope) = serde_json::from_str::<Value>(text.as_str()).ok().filter(|v| v["type"] == "error") {
+                let code = envelope["error"]["code"].as_str().unwrap_or("unknown");
+                return Err(format!("ws_error_{code}"));
             }
             state.handle(Api::Responses, text.as_str(), ms(arrived.duration_since(start)), record)?;
             record.client_overhead_us += arrived.elapsed().as_secs_f64() * 1e6;
