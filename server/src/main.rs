@@ -8,8 +8,27 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "spindle", version, about)]
 struct Cli {
+    /// Log lines as human-readable text or as one JSON object per line
+    /// (fields: timestamp, level, target, message, request_id, route, status, ms, ...).
+    #[arg(long, global = true, value_enum, default_value = "text", env = "SPINDLE_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -23,14 +42,8 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => cli::serve::run(args),
         Command::Generate(args) => cli::generate::run(args),

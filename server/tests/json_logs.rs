@@ -1,0 +1,44 @@
+//! `spindle --log-format json serve`: every log line on stderr is one JSON
+//! object, and the access line carries the request id, route and status.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn logs_are_one_json_object_per_line() {
+    let Some(model) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
+        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap();
+    let log = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["--log-format", "json", "serve", "--port", &port.to_string(), "--kv-cache-memory-mib", "64", "--threads", "2"])
+        .arg("--model")
+        .arg(&model)
+        .arg("--store-path")
+        .arg(dir.path().join("r.sqlite3"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !reqwest::get(format!("{base}/ready")).await.is_ok_and(|r| r.status() == 200) {
+        assert!(Instant::now() < deadline, "daemon did not become ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = reqwest::get(format!("{base}/v1/models")).await.unwrap();
+    let request_id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
+    let _ = daemon.wait();
+    let text = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+    assert!(lines.len() >= 3, "{text}");
+    assert!(lines.iter().all(|l| l["timestamp"].is_string() && l["level"].is_string() && l["message"].is_string()));
+    let access = lines.iter().find(|l| l["request_id"] == request_id.as_str()).expect("an access line for the request");
+    assert_eq!((access["route"].as_str(), access["status"].as_u64()), (Some("/v1/models"), Some(200)), "{access}");
+}
