@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::kv::KvPool;
 use crate::model::LlamaModel;
 use crate::sampling::{SampledToken, Sampler};
+use rayon::prelude::*;
 
 /// Runs forward steps of one model over its own KV pool.
 #[derive(Debug)]
@@ -50,21 +51,27 @@ impl ModelRunner {
     fn execute_here(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
         let logits = self.model.forward(batch, &mut self.kv)?;
         let vocab = self.model.config().vocab_size;
-        let mut seqs = Vec::with_capacity(batch.seqs.len());
-        for (seq, mut logits) in batch.seqs.iter().zip(logits) {
-            let sampled = match &seq.sampling {
-                Some(s) if logits.len() >= vocab => {
-                    let start = logits.len() - vocab;
-                    let mut last = logits[start..].to_vec();
-                    Some(sample_one(s, &mut last)?)
+        // Sequences sample independently (each with its own seeded generator),
+        // so they run in parallel with the same results.
+        let seqs = batch
+            .seqs
+            .par_iter()
+            .zip(logits.into_par_iter())
+            .map(|(seq, mut logits)| {
+                let sampled = match &seq.sampling {
+                    Some(s) if logits.len() >= vocab => {
+                        let start = logits.len() - vocab;
+                        let mut last = logits[start..].to_vec();
+                        Some(sample_one(s, &mut last)?)
+                    }
+                    _ => None,
+                };
+                if seq.logits == crate::batch::LogitsRequest::None {
+                    logits = Vec::new();
                 }
-                _ => None,
-            };
-            if seq.logits == crate::batch::LogitsRequest::None {
-                logits = Vec::new();
-            }
-            seqs.push(SeqOutput { logits, sampled });
-        }
+                Ok(SeqOutput { logits, sampled })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(StepOutput { seqs })
     }
 }
