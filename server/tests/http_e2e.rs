@@ -4,27 +4,26 @@
 //! cancel, and a client disconnect that frees its KV blocks.
 
 use serde_json::{json, Value};
-use spindle_engine::load::load_model;
-use spindle_engine::runner::ModelRunner;
-use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
-use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
-use spindle_server::store::{Order, ResponseStore, SqliteStore, StoreConfig, StoreError, StoredResponse};
-use axum::serve::ListenerExt;
+use spindle_server::app::Limits;
+use spindle_server::store::{Order, ResponseStore, SqliteStore, StoreError, StoredResponse};
 use std::sync::Arc;
 use std::time::Duration;
 
-struct Server {
-    base: String,
-    state: Arc<AppState>,
-    _dir: tempfile::TempDir,
+mod common;
+
+use common::Server;
+
+/// A server with a 64 KiB body limit (so the 413 case is cheap to provoke).
+fn limits() -> Limits {
+    Limits { max_body_bytes: 64 << 10, ..Limits::default() }
 }
 
 async fn start(keys: Vec<String>) -> Option<Server> {
-    start_with_blocks(keys, 256).await
+    common::start(keys, limits()).await
 }
 
 async fn start_with_blocks(keys: Vec<String>, blocks: usize) -> Option<Server> {
-    start_with(keys, blocks, |s| Arc::new(s)).await
+    common::start_custom(keys, limits(), blocks, |s| Arc::new(s)).await
 }
 
 /// A store whose writes of finished responses take 300 ms (a busy disk).
@@ -64,50 +63,6 @@ impl ResponseStore for SlowStore {
     fn len(&self) -> Result<usize, StoreError> {
         self.0.len()
     }
-}
-
-async fn start_with(keys: Vec<String>, blocks: usize, wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>) -> Option<Server> {
-    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
-        return None;
-    };
-    let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
-    let config = SchedulerConfig {
-        num_blocks: blocks,
-        context_length: m.model.config().context_length,
-        ..SchedulerConfig::default()
-    };
-    let context_length = config.context_length;
-    let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000))
-        .expect("store");
-    let state = Arc::new(AppState {
-        scheduler,
-        sealer: spindle_server::app::seal::Sealer::random(),
-        idempotency: Default::default(),
-        model: ModelInfo {
-            name: "smollm2-135m-instruct".into(),
-            tokenizer: m.tokenizer,
-            template: m.template,
-            context_length,
-            created: 0,
-        },
-        store: wrap(store),
-        keys: ApiKeys::new(keys),
-        limits: Limits { max_body_bytes: 64 << 10, ..Limits::default() },
-        metrics: HttpMetrics::default(),
-        running: Default::default(),
-        draining: tokio::sync::watch::channel(false).0,
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = app::app(state.clone());
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    Some(Server { base, state, _dir: dir })
 }
 
 async fn post(s: &Server, body: Value) -> (u16, Value) {
@@ -388,7 +343,7 @@ async fn ops_routes_report_the_model_and_metrics() {
 /// the stored response: the terminal events are sent after the store write.
 #[tokio::test]
 async fn a_streamed_response_is_stored_before_its_terminal_event() {
-    let Some(s) = start_with(vec![], 256, |s| Arc::new(SlowStore(s))).await else { return };
+    let Some(s) = common::start_custom(vec![], limits(), 256, |s| Arc::new(SlowStore(s))).await else { return };
     let http = reqwest::Client::new();
     for round in 0..2 {
         let mut r = http

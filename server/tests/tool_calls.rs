@@ -6,17 +6,11 @@
 
 use serde_json::{json, Value};
 use spindle_engine::chat_template::ChatTemplate;
-use spindle_engine::load::load_model;
-use spindle_engine::runner::ModelRunner;
-use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
 use spindle_server::app::tools::{render_prompt, tools_section, ToolCallParser};
-use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
+use spindle_server::app::Limits;
 use spindle_server::protocol::{
     validate, FinishKind, MapperInput, RequestLimits, ResponseMapper, UsageCounts, ValidRequest,
 };
-use spindle_server::store::{SqliteStore, StoreConfig};
-use std::sync::Arc;
-use std::time::Duration;
 
 const WEATHER: &str = r#"{"type": "function", "name": "get_weather", "description": "Weather now.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}"#;
 const TIME: &str = r#"{"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}"#;
@@ -105,23 +99,23 @@ fn types(events: &[Value]) -> Vec<&str> {
     events.iter().map(|e| e["type"].as_str().unwrap()).collect()
 }
 
+/// The digest's §5d event order for a response that is one function call.
+const ONE_CALL_ORDER: [&str; 7] = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "response.completed",
+];
+
 #[test]
 fn a_parsed_call_streams_in_the_exact_5d_order() {
     let req = request(json!({"model": "m", "input": "x", "tools": tools()}));
     let output = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
     let (events, response) = stream_through(&req, output);
-    assert_eq!(
-        types(&events),
-        [
-            "response.created",
-            "response.in_progress",
-            "response.output_item.added",
-            "response.function_call_arguments.delta",
-            "response.function_call_arguments.done",
-            "response.output_item.done",
-            "response.completed",
-        ]
-    );
+    assert_eq!(types(&events), ONE_CALL_ORDER);
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e["sequence_number"], i);
     }
@@ -182,52 +176,12 @@ fn text_then_two_parallel_calls_are_three_items() {
 
 // ---- over a real socket, with the real model ----
 
-struct Server {
-    base: String,
-    state: Arc<AppState>,
-    _dir: tempfile::TempDir,
-}
+mod common;
+
+use common::Server;
 
 async fn start() -> Option<Server> {
-    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
-        return None;
-    };
-    let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
-    let blocks = 256;
-    let config = SchedulerConfig {
-        num_blocks: blocks,
-        context_length: m.model.config().context_length,
-        ..SchedulerConfig::default()
-    };
-    let context_length = config.context_length;
-    let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000))
-        .expect("store");
-    let state = Arc::new(AppState {
-        scheduler,
-        sealer: spindle_server::app::seal::Sealer::random(),
-        idempotency: Default::default(),
-        model: ModelInfo {
-            name: "smollm2-135m-instruct".into(),
-            tokenizer: m.tokenizer,
-            template: m.template,
-            context_length,
-            created: 0,
-        },
-        store: Arc::new(store),
-        keys: ApiKeys::new(vec![]),
-        limits: Limits::default(),
-        metrics: HttpMetrics::default(),
-        running: Default::default(),
-        draining: tokio::sync::watch::channel(false).0,
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = app::app(state.clone());
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    Some(Server { base, state, _dir: dir })
+    common::start(vec![], Limits::default()).await
 }
 
 async fn post(s: &Server, body: Value) -> (u16, Value) {
@@ -341,19 +295,7 @@ async fn the_real_model_calls_a_tool_streamed_in_5d_order_and_the_result_round_t
     }
     let response = &events.last().expect("events")["response"];
     assert_well_formed(response);
-    assert_eq!(
-        types(&events),
-        [
-            "response.created",
-            "response.in_progress",
-            "response.output_item.added",
-            "response.function_call_arguments.delta",
-            "response.function_call_arguments.done",
-            "response.output_item.done",
-            "response.completed",
-        ],
-        "greedy decoding continues the few-shot pattern with one call: {response}"
-    );
+    assert_eq!(types(&events), ONE_CALL_ORDER, "greedy decoding continues the few-shot pattern with one call: {response}");
     let call = &response["output"][0];
     assert_eq!((call["name"].as_str(), call["status"].as_str()), (Some("get_time"), Some("completed")));
     assert_eq!(events[2]["item"]["arguments"], "");

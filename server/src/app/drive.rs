@@ -156,12 +156,8 @@ fn log_only(sink: Option<&Sink>, log: &mut Vec<Value>, events: Vec<crate::protoc
 
 async fn emit(sink: &Option<Sink>, log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> bool {
     let mut alive = true;
-    for e in events {
-        let v = serde_json::to_value(&e).unwrap_or(Value::Null);
-        if let Some(frame) = sink.as_ref().and_then(|s| s.frame(&v)) {
-            alive = alive && send(sink, frame).await;
-        }
-        log.push(v);
+    for frame in log_only(sink.as_ref(), log, events) {
+        alive = alive && send(sink, frame).await;
     }
     alive
 }

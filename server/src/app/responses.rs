@@ -183,7 +183,7 @@ pub(crate) fn unix_now() -> i64 {
 }
 
 /// Run a store call off the async threads, mapping both failure kinds to 500.
-async fn with_store<T: Send + 'static>(
+pub(crate) async fn with_store<T: Send + 'static>(
     state: &Arc<AppState>,
     call: impl FnOnce(&dyn ResponseStore) -> Result<T, crate::store::StoreError> + Send + 'static,
 ) -> Result<T, ApiError> {

@@ -58,7 +58,6 @@ impl LocalResponses {
 /// How a turn ended, for the connection's cache.
 struct TurnOutcome {
     id: String,
-    previous: Option<String>,
     /// The whole conversation through this turn, when it succeeded.
     conversation: Option<Vec<Value>>,
 }
@@ -74,15 +73,18 @@ struct Running {
 /// Updates the connection's memory with a finished turn: remember a success,
 /// evict the parent of a failed continuation.
 fn settle(local: &mut LocalResponses, previous: Option<String>, outcome: Result<TurnOutcome, tokio::task::JoinError>) {
-    match outcome {
-        Ok(TurnOutcome { id, conversation: Some(items), .. }) => local.insert(id, items),
-        Ok(TurnOutcome { previous: Some(prev), .. }) => local.evict(&prev),
-        Ok(_) => {}
-        Err(_) => {
-            if let Some(prev) = previous {
-                local.evict(&prev);
-            }
-        }
+    match (outcome, previous) {
+        (Ok(TurnOutcome { id, conversation: Some(items) }), _) => local.insert(id, items),
+        (_, Some(prev)) => local.evict(&prev),
+        (_, None) => {}
+    }
+}
+
+/// The running turn's end (never, when none runs).
+async fn finished(running: &mut Option<Running>) -> Result<TurnOutcome, tokio::task::JoinError> {
+    match running {
+        Some(turn) => (&mut turn.handle).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -145,7 +147,7 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
                 Some(Ok(_)) => {} // ping/pong (answered by the library)
                 None | Some(Err(_)) => break, // closed: the running turn is aborted below
             },
-            outcome = async { (&mut running.as_mut().expect("guarded by the select condition").handle).await }, if running.is_some() => {
+            outcome = finished(&mut running), if running.is_some() => {
                 let previous = running.take().and_then(|turn| turn.previous);
                 settle(&mut local, previous, outcome);
             }
@@ -191,7 +193,7 @@ async fn begin(state: &Arc<AppState>, mut value: Value, local: &LocalResponses) 
 }
 
 async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Message>, ending: Arc<AtomicBool>) -> TurnOutcome {
-    let StartedTurn { req, stream, mapper, persist, id, history } = turn;
+    let StartedTurn { stream, mapper, persist, id, history, .. } = turn;
     let input_items = persist.input_items.clone();
     let (tx, mut rx) = mpsc::channel::<String>(64);
     let forward = tokio::spawn(async move {
@@ -210,7 +212,7 @@ async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Mes
         items.extend(response["output"].as_array().cloned().unwrap_or_default());
         items
     });
-    TurnOutcome { id, previous: req.previous_response_id, conversation }
+    TurnOutcome { id, conversation }
 }
 
 async fn send_error(out: &mpsc::Sender<Message>, e: &ApiError) {

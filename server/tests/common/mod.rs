@@ -6,7 +6,7 @@ use spindle_engine::load::load_model;
 use spindle_engine::runner::ModelRunner;
 use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
 use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
-use spindle_server::store::{SqliteStore, StoreConfig};
+use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,15 +19,25 @@ pub struct Server {
     _dir: tempfile::TempDir,
 }
 
-/// Starts a server with `keys` and `limits`, or `None` (after saying why)
-/// when the real model is not installed.
+/// Starts a server with `keys` and `limits` (256 KV blocks, a SQLite store),
+/// or `None` (after saying why) when the real model is not installed.
 pub async fn start(keys: Vec<String>, limits: Limits) -> Option<Server> {
+    start_custom(keys, limits, 256, |s| Arc::new(s)).await
+}
+
+/// [`start`] with a KV pool of `blocks` blocks and the store wrapped by `wrap`
+/// (e.g. to slow it down).
+pub async fn start_custom(
+    keys: Vec<String>,
+    limits: Limits,
+    blocks: usize,
+    wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
+) -> Option<Server> {
     let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
         println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
         return None;
     };
     let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
-    let blocks = 256;
     let config = SchedulerConfig { num_blocks: blocks, context_length: m.model.config().context_length, ..SchedulerConfig::default() };
     let context_length = config.context_length;
     let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
@@ -38,7 +48,7 @@ pub async fn start(keys: Vec<String>, limits: Limits) -> Option<Server> {
         sealer: spindle_server::app::seal::Sealer::random(),
         idempotency: Default::default(),
         model: ModelInfo { name: "smollm2-135m-instruct".into(), tokenizer: m.tokenizer, template: m.template, context_length, created: 0 },
-        store: Arc::new(store),
+        store: wrap(store),
         keys: ApiKeys::new(keys),
         limits,
         metrics: HttpMetrics::default(),

@@ -96,12 +96,13 @@ impl Client {
     /// Like [`Client::send`], reusing `session`'s WebSocket connection (made
     /// on first use, dropped after a failure); HTTP APIs ignore the session.
     pub async fn send_in(&self, session: &mut Session, spec: &RequestSpec, level_start: Instant) -> RequestRecord {
-        if self.api != Api::Websocket {
-            return self.send(spec, level_start).await;
-        }
         let start = Instant::now();
         let mut record = RequestRecord { start_ms: ms(start.duration_since(level_start)), turn: spec.turn, ..RequestRecord::default() };
-        match tokio::time::timeout(self.timeout, self.ws_turn(session, spec, start, &mut record)).await {
+        let outcome = match self.api {
+            Api::Websocket => tokio::time::timeout(self.timeout, self.ws_turn(session, spec, start, &mut record)).await,
+            Api::Responses | Api::Chat => tokio::time::timeout(self.timeout, self.stream(spec, start, &mut record)).await,
+        };
+        match outcome {
             Ok(Ok(())) => {}
             Ok(Err(kind)) => record.error = Some(kind),
             Err(_) => record.error = Some("timeout".into()),
@@ -152,19 +153,7 @@ impl Client {
 
     /// Sends `spec`, streams the reply, and measures it; never fails (errors are recorded).
     pub async fn send(&self, spec: &RequestSpec, level_start: Instant) -> RequestRecord {
-        let start = Instant::now();
-        let mut record = RequestRecord {
-            start_ms: ms(start.duration_since(level_start)),
-            turn: spec.turn,
-            ..RequestRecord::default()
-        };
-        match tokio::time::timeout(self.timeout, self.stream(spec, start, &mut record)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(kind)) => record.error = Some(kind),
-            Err(_) => record.error = Some("timeout".into()),
-        }
-        record.e2e_ms = ms(start.elapsed());
-        record
+        self.send_in(&mut Session::default(), spec, level_start).await
     }
 
     async fn stream(&self, spec: &RequestSpec, start: Instant, record: &mut RequestRecord) -> Result<(), String> {

@@ -5,7 +5,7 @@ use super::map::{event_from_engine, request_to_engine, response_from_engine, sse
 use super::problem::Problem;
 use super::{CAPABILITIES, LMSP_VERSION};
 use crate::app::drive::{drive, Sink};
-use crate::app::responses::{start_turn, StartedTurn};
+use crate::app::responses::{start_turn, with_store, StartedTurn};
 use crate::app::state::AppState;
 use crate::protocol::error::ApiError;
 use crate::protocol::ErrorKind;
@@ -122,14 +122,11 @@ async fn stream(state: Arc<AppState>, value: &Value) -> Result<Response, Problem
 
 /// GET /lmsp/v1/responses/{id}: a response saved with `store: true`.
 pub async fn retrieve(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    let store = state.store.clone();
     let key = id.clone();
-    let found = tokio::task::spawn_blocking(move || store.get(&key)).await;
-    match found {
-        Ok(Ok(Some(stored))) => outcome_response((200, response_from_engine(&stored.response).to_string())),
-        Ok(Ok(None)) => Problem(ApiError::not_found(format!("No stored response with id '{id}'.")).with_code("response_not_found")).into_response(),
-        Ok(Err(e)) => Problem(ApiError::internal(format!("response store: {e}"))).into_response(),
-        Err(e) => Problem(ApiError::internal(e.to_string())).into_response(),
+    match with_store(&state, move |s| s.get(&key)).await {
+        Ok(Some(stored)) => outcome_response((200, response_from_engine(&stored.response).to_string())),
+        Ok(None) => Problem(ApiError::not_found(format!("No stored response with id '{id}'.")).with_code("response_not_found")).into_response(),
+        Err(e) => Problem(e).into_response(),
     }
 }
 
