@@ -101,6 +101,7 @@ fn bench_overhead(c: &mut Criterion) {
         scheduler: scheduler(&tok),
         sealer: spindle_server::app::seal::Sealer::random(),
         idempotency: Default::default(),
+        tasks: Default::default(),
         model: ModelInfo {
             name: "m".into(),
             tokenizer: tok.clone(),

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 use spindle_server::app::Limits;
-use spindle_server::store::{Order, ResponseStore, SqliteStore, StoreError, StoredResponse};
+use spindle_server::store::{Order, ResponseStore, SqliteStore, StoreError, StoredResponse, TaskEvent, TaskRecord, TaskStore};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +28,27 @@ async fn start_with_blocks(keys: Vec<String>, blocks: usize) -> Option<Server> {
 
 /// A store whose writes of finished responses take 300 ms (a busy disk).
 struct SlowStore(SqliteStore);
+
+impl TaskStore for SlowStore {
+    fn put_task(&self, task: &TaskRecord) -> Result<(), StoreError> {
+        self.0.put_task(task)
+    }
+    fn get_task(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        self.0.get_task(id)
+    }
+    fn append_task_events(&self, id: &str, events: &[TaskEvent]) -> Result<(), StoreError> {
+        self.0.append_task_events(id, events)
+    }
+    fn task_events(&self, id: &str, after: u64) -> Result<Vec<TaskEvent>, StoreError> {
+        self.0.task_events(id, after)
+    }
+    fn expire_tasks(&self, events_cutoff: i64, tasks_cutoff: i64) -> Result<usize, StoreError> {
+        self.0.expire_tasks(events_cutoff, tasks_cutoff)
+    }
+    fn fail_unfinished_tasks(&self, now: i64) -> Result<usize, StoreError> {
+        self.0.fail_unfinished_tasks(now)
+    }
+}
 
 impl ResponseStore for SlowStore {
     fn put(&self, rec: &StoredResponse) -> Result<(), StoreError> {

@@ -40,6 +40,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/lmsp/v1/responses", post(lmsp::create))
         .route("/lmsp/v1/responses/{id}", get(lmsp::retrieve))
         .route("/lmsp/v1/capabilities", get(lmsp::capabilities))
+        .route("/lmsp/v1/tasks", post(lmsp::tasks::create))
+        .route("/lmsp/v1/tasks/{id}", get(lmsp::tasks::retrieve))
+        .route("/lmsp/v1/tasks/{id}/events", get(lmsp::tasks::events))
+        .route("/lmsp/v1/tasks/{id}/cancel", post(lmsp::tasks::cancel))
         .layer(middleware::from_fn_with_state(state.clone(), require_key_problem));
     Router::new()
         .merge(v1)

@@ -63,6 +63,8 @@ pub struct Limits {
     pub sampling: SamplingDefaults,
     /// Longest a WebSocket connection may stay open (60 minutes).
     pub websocket_max_connection: Duration,
+    /// How long an LMSP task's event history stays replayable after it ends.
+    pub task_event_retention: Duration,
 }
 
 impl Default for Limits {
@@ -75,6 +77,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(600),
             sampling: SamplingDefaults::default(),
             websocket_max_connection: Duration::from_secs(60 * 60),
+            task_event_retention: Duration::from_secs(60 * 60),
         }
     }
 }
@@ -85,6 +88,8 @@ pub struct AppState {
     pub scheduler: SchedulerHandle,
     /// Seals and opens compaction items.
     pub sealer: super::seal::Sealer,
+    /// LMSP tasks that are running now.
+    pub tasks: super::lmsp::live::TaskHub,
     /// LMSP `Idempotency-Key` outcomes.
     pub idempotency: super::lmsp::idempotency::IdempotencyKeys,
     /// The served model.

@@ -8,7 +8,7 @@ use spindle_engine::models::{cache_root, DEFAULT_MODEL};
 use spindle_engine::runner::ModelRunner;
 use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
 use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo, SamplingDefaults};
-use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig};
+use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig, TaskStore};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use axum::serve::ListenerExt;
@@ -44,6 +44,9 @@ pub struct ServeArgs {
     /// Most stored responses kept (oldest completed evicted first).
     #[arg(long, default_value_t = 100_000)]
     store_max_responses: usize,
+    /// How long an LMSP task's event history stays replayable after the task ends, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    task_event_retention_s: u64,
     /// Memory for the KV cache, in MiB.
     #[arg(long, env = "SPINDLE_KV_CACHE_MIB", default_value_t = 1024)]
     kv_cache_memory_mib: usize,
@@ -110,6 +113,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         scheduler,
         sealer,
         idempotency: Default::default(),
+        tasks: Default::default(),
         model: ModelInfo {
             name: loaded.location.name.clone(),
             tokenizer: loaded.tokenizer,
@@ -126,6 +130,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 top_k: args.default_top_k,
                 min_p: args.default_min_p,
             },
+            task_event_retention: Duration::from_secs(args.task_event_retention_s),
             ..Limits::default()
         },
         metrics: HttpMetrics::default(),
@@ -133,17 +138,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         draining: tokio::sync::watch::channel(false).0,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(serve(addr, state))
+    runtime.block_on(serve(addr, state, Duration::from_secs(args.store_ttl_hours * 3600)))
 }
 
 /// How long in-flight responses may run after a shutdown signal before they
 /// are failed with a terminal event.
 const DRAIN_PERIOD: Duration = Duration::from_secs(20);
 
-async fn serve(addr: SocketAddr, state: Arc<AppState>) -> anyhow::Result<()> {
+async fn serve(addr: SocketAddr, state: Arc<AppState>, store_ttl: Duration) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
-    spawn_store_expiry(state.clone());
+    spawn_store_expiry(state.clone(), store_ttl);
     let drain_state = state.clone();
     let signal = async move {
         shutdown_signal().await;
@@ -162,15 +167,21 @@ async fn serve(addr: SocketAddr, state: Arc<AppState>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn spawn_store_expiry(state: Arc<AppState>) {
+/// Once a minute: expired responses, task event histories past retention, and old tasks.
+fn spawn_store_expiry(state: Arc<AppState>, store_ttl: Duration) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(60));
         loop {
             tick.tick().await;
             let store = state.store.clone();
             let now = unix_now();
-            match tokio::task::spawn_blocking(move || store.expire(now)).await {
-                Ok(Ok(n)) if n > 0 => tracing::info!("expired {n} stored responses"),
+            let events_cutoff = now.saturating_sub(i64::try_from(state.limits.task_event_retention.as_secs()).unwrap_or(i64::MAX));
+            let tasks_cutoff = now.saturating_sub(i64::try_from(store_ttl.as_secs()).unwrap_or(i64::MAX));
+            let result = tokio::task::spawn_blocking(move || Ok::<_, spindle_server::store::StoreError>((store.expire(now)?, store.expire_tasks(events_cutoff, tasks_cutoff)?))).await;
+            match result {
+                Ok(Ok((responses, histories))) if responses + histories > 0 => {
+                    tracing::info!("expired {responses} stored responses and {histories} task event histories")
+                }
                 Ok(Err(e)) => tracing::warn!("store expiry failed: {e}"),
                 _ => {}
             }
@@ -208,6 +219,10 @@ fn open_store(args: &ServeArgs) -> anyhow::Result<Arc<dyn ResponseStore>> {
     let failed = store.mark_unfinished_failed()?;
     if failed > 0 {
         tracing::warn!("{failed} responses left unfinished by a previous run were marked failed");
+    }
+    let failed_tasks = store.fail_unfinished_tasks(unix_now())?;
+    if failed_tasks > 0 {
+        tracing::warn!("{failed_tasks} tasks left unfinished by a previous run were marked failed");
     }
     tracing::info!("response store: {}", path.display());
     Ok(Arc::new(store))

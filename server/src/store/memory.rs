@@ -100,7 +100,15 @@ impl Inner {
 #[derive(Debug)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    pub(super) tasks: Mutex<HashMap<String, MemoryTask>>,
     config: StoreConfig,
+}
+
+/// One task with its event history (see [`super::tasks`]).
+#[derive(Debug)]
+pub(super) struct MemoryTask {
+    pub(super) task: super::tasks::TaskRecord,
+    pub(super) events: BTreeMap<u64, super::tasks::TaskEvent>,
 }
 
 impl MemoryStore {
@@ -108,6 +116,7 @@ impl MemoryStore {
     pub fn new(config: StoreConfig) -> Self {
         MemoryStore {
             inner: Mutex::new(Inner::default()),
+            tasks: Mutex::new(HashMap::new()),
             config,
         }
     }

@@ -15,7 +15,10 @@
 //! oldest *finished* responses first and never a `queued`/`in_progress` one.
 
 pub mod memory;
+mod memory_tasks;
 pub mod sqlite;
+mod sqlite_tasks;
+pub mod tasks;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -24,6 +27,7 @@ use serde_json::Value;
 
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
+pub use tasks::{TaskEvent, TaskRecord, TaskStore};
 
 /// How deep [`ResponseStore::chain`] follows `previous_response_id` links before giving up.
 pub const MAX_CHAIN_DEPTH: usize = 1000;
@@ -201,7 +205,7 @@ impl From<serde_json::Error> for StoreError {
 /// Methods are synchronous. [`MemoryStore`] never blocks for long; [`SqliteStore`] does disk
 /// I/O (usually well under a millisecond per call with WAL, but a checkpoint or a busy database
 /// can take longer), so async code should call it through `tokio::task::spawn_blocking`.
-pub trait ResponseStore: Send + Sync {
+pub trait ResponseStore: TaskStore + Send + Sync {
     /// Inserts or replaces a response (by `rec.id`): used at creation (`queued`/`in_progress`)
     /// and again on completion. Replaces the input items; keeps stored events. Then enforces the
     /// size cap, evicting the oldest finished responses (never `rec` itself, never an unfinished

@@ -32,7 +32,7 @@ use super::{
 };
 
 /// The schema version this build writes and reads (the `schema_version` table).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Tables and indexes of [`SCHEMA_VERSION`] 1. `bytes` is the response JSON plus its input
 /// items; `event_bytes` is its stored events. Unfinished statuses are `queued`/`in_progress`.
@@ -65,6 +65,28 @@ CREATE TABLE events (
 ) WITHOUT ROWID;
 ";
 
+/// The version 1 schema, for migration tests.
+#[cfg(test)]
+pub(super) const SCHEMA_V1_FOR_TESTS: &str = SCHEMA_V1;
+
+/// Version 2 adds LMSP tasks and their event histories.
+const SCHEMA_V2: &str = "
+CREATE TABLE tasks (
+    id TEXT PRIMARY KEY NOT NULL,
+    created_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    status TEXT NOT NULL,
+    task TEXT NOT NULL
+);
+CREATE INDEX tasks_finished_at ON tasks(finished_at);
+CREATE TABLE task_events (
+    task_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (task_id, seq)
+) WITHOUT ROWID;
+";
+
 /// How long to wait for the file lock (only another process can hold it).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -79,8 +101,8 @@ struct Totals {
 }
 
 /// The connection and its totals, behind the store's mutex.
-struct Inner {
-    conn: Connection,
+pub(super) struct Inner {
+    pub(super) conn: Connection,
     totals: Totals,
 }
 
@@ -153,7 +175,7 @@ impl SqliteStore {
         self.lock().totals.bytes
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -198,10 +220,15 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     match version {
         None => {
             tx.execute_batch(SCHEMA_V1)?;
+            tx.execute_batch(SCHEMA_V2)?;
             tx.execute(
                 "INSERT INTO schema_version (version) VALUES (?1)",
                 [SCHEMA_VERSION],
             )?;
+        }
+        Some(1) => {
+            tx.execute_batch(SCHEMA_V2)?;
+            tx.execute("INSERT INTO schema_version (version) VALUES (2)", [])?;
         }
         Some(SCHEMA_VERSION) => {}
         Some(other) => {

@@ -47,6 +47,7 @@ pub async fn start_custom(
         scheduler,
         sealer: spindle_server::app::seal::Sealer::random(),
         idempotency: Default::default(),
+        tasks: Default::default(),
         model: ModelInfo { name: "smollm2-135m-instruct".into(), tokenizer: m.tokenizer, template: m.template, context_length, created: 0 },
         store: wrap(store),
         keys: ApiKeys::new(keys),

@@ -54,7 +54,7 @@ async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Byt
     }
 }
 
-fn check_version(headers: &HeaderMap) -> Result<(), Problem> {
+pub(super) fn check_version(headers: &HeaderMap) -> Result<(), Problem> {
     let Some(asked) = headers.get("lmsp-version") else { return Ok(()) };
     let asked = asked.to_str().unwrap_or("");
     if asked.split('.').next() == Some("1") {
@@ -85,7 +85,7 @@ async fn run_sync_inner(state: &Arc<AppState>, value: &Value) -> Result<Value, P
     Ok(response_from_engine(&response))
 }
 
-fn outcome_response((status, body): (u16, String)) -> Response {
+pub(super) fn outcome_response((status, body): (u16, String)) -> Response {
     let content_type = if status >= 400 { "application/problem+json" } else { "application/json" };
     let mut r = (StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

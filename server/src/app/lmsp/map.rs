@@ -40,6 +40,10 @@ pub fn request_to_engine(body: &Value) -> Result<Value, Problem> {
         }
     }
     out.entry("store").or_insert(json!(false));
+    // Spindle's one extension: generate to the token limit (load testing).
+    if let Some(ignore_eos) = obj.get("extensions").and_then(|e| e.get("ignore_eos")).and_then(Value::as_bool) {
+        out.insert("ignore_eos".into(), json!(ignore_eos));
+    }
     Ok(Value::Object(out))
 }
 

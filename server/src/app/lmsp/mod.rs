@@ -5,8 +5,11 @@
 
 mod handlers;
 pub mod idempotency;
+pub mod live;
 pub mod map;
 pub mod problem;
+mod task_run;
+pub mod tasks;
 
 pub use handlers::{capabilities, create, retrieve};
 
@@ -14,4 +17,4 @@ pub use handlers::{capabilities, create, retrieve};
 pub const LMSP_VERSION: &str = "1.0";
 
 /// Capabilities this server declares (checked on every request).
-pub const CAPABILITIES: &[&str] = &["text", "streaming", "tools", "conversations"];
+pub const CAPABILITIES: &[&str] = &["text", "streaming", "tools", "conversations", "tasks"];

@@ -1,0 +1,139 @@
+//! Running one task: the generation is driven independently of any client;
+//! its events are numbered from 1, published to live readers, and stored in
+//! batches, the terminal one last (after the final task record is stored).
+
+use super::live::LiveTask;
+use super::map::{event_from_engine, response_from_engine};
+use crate::app::drive::{drive, Persist, Sink};
+use crate::app::responses::{unix_now, with_store};
+use crate::app::state::AppState;
+use crate::protocol::mapper::ResponseMapper;
+use crate::store::{TaskEvent, TaskRecord};
+use serde_json::{json, Value};
+use spindle_scheduler::EventStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Events are stored at least this often while a task runs (and always at its end).
+const FLUSH_EVERY: Duration = Duration::from_millis(250);
+/// …or once this many are pending.
+const FLUSH_BATCH: usize = 32;
+
+/// Drives the task to its end, then forgets it from the hub.
+pub async fn run_task(state: Arc<AppState>, live: Arc<LiveTask>, stream: EventStream, mapper: ResponseMapper, persist: Persist) {
+    let stored_response = persist.store;
+    let (tx, mut rx) = mpsc::channel::<String>(256);
+    let driver = tokio::spawn(drive(state.clone(), stream, mapper, Some(Sink::json(tx)), persist));
+    let response_id = live.record().response_id;
+    let mut log = EventLog::new();
+    let mut terminal: Option<(String, Value)> = None;
+    while let Some(text) = rx.recv().await {
+        let Ok(event) = serde_json::from_str::<Value>(&text) else { continue };
+        let Some((name, data)) = event_from_engine(&event, &response_id) else { continue };
+        if terminal.is_some() {
+            continue;
+        }
+        if is_terminal_name(&name) {
+            terminal = Some((name, data));
+            continue;
+        }
+        let event = log.next(name, data);
+        live.publish(std::slice::from_ref(&event));
+        if log.should_flush() {
+            log.flush(&state, &live.id).await;
+        }
+    }
+    let response = driver.await.unwrap_or(Value::Null);
+    let cancelled = live.cancel_requested() && terminal.as_ref().is_none_or(|(name, _)| name == "response.failed");
+    let (name, data) = match terminal {
+        _ if cancelled => ("response.cancelled".to_string(), json!({"response_id": response_id, "status": "cancelled"})),
+        Some(t) => t,
+        None => ("response.failed".to_string(), json!({"response_id": response_id, "status": "failed",
+            "error": {"type": "https://spindle.dev/problems/server_error", "title": "Generation failed", "status": 500,
+                      "detail": "The generation ended without a result.", "code": "server_error"}})),
+    };
+    let last = log.next(name, data);
+    let record = final_record(live.record(), &last, &response, cancelled);
+    log.flush(&state, &live.id).await;
+    let to_store = record.clone();
+    if let Err(e) = with_store(&state, move |s| s.put_task(&to_store)).await {
+        tracing::error!("storing task {} failed: {}", record.id, e.message);
+    }
+    if cancelled && stored_response {
+        mark_response_cancelled(&state, &response_id).await;
+    }
+    live.set_record(record);
+    live.publish(&[last]);
+    state.tasks.remove(&live.id);
+}
+
+fn is_terminal_name(name: &str) -> bool {
+    TaskEvent { id: 0, event: name.to_string(), data: Value::Null }.is_terminal()
+}
+
+/// The task's final record: status from the terminal event, the LMSP response.
+fn final_record(mut record: TaskRecord, last: &TaskEvent, response: &Value, cancelled: bool) -> TaskRecord {
+    let status = last.data["status"].as_str().unwrap_or("failed").to_string();
+    let mut lmsp = response_from_engine(response);
+    lmsp["status"] = json!(status);
+    if cancelled {
+        lmsp["error"] = Value::Null;
+    }
+    record.status = status;
+    record.finished_at = Some(unix_now());
+    record.last_event_id = last.id;
+    record.response = lmsp;
+    record
+}
+
+async fn mark_response_cancelled(state: &Arc<AppState>, id: &str) {
+    let id = id.to_string();
+    let result = with_store(state, move |s| {
+        let Some(mut rec) = s.get(&id)? else { return Ok(()) };
+        rec.status = "cancelled".into();
+        rec.response["status"] = json!("cancelled");
+        rec.response["error"] = Value::Null;
+        s.put(&rec)
+    })
+    .await;
+    if let Err(e) = result {
+        tracing::warn!("recording a task's cancellation failed: {}", e.message);
+    }
+}
+
+/// Numbers events and batches them for the store.
+struct EventLog {
+    next_id: u64,
+    pending: Vec<TaskEvent>,
+    last_flush: Instant,
+}
+
+impl EventLog {
+    fn new() -> Self {
+        Self { next_id: 1, pending: Vec::new(), last_flush: Instant::now() }
+    }
+
+    fn next(&mut self, event: String, data: Value) -> TaskEvent {
+        let e = TaskEvent { id: self.next_id, event, data };
+        self.next_id += 1;
+        self.pending.push(e.clone());
+        e
+    }
+
+    fn should_flush(&self) -> bool {
+        self.pending.len() >= FLUSH_BATCH || self.last_flush.elapsed() >= FLUSH_EVERY
+    }
+
+    async fn flush(&mut self, state: &Arc<AppState>, task_id: &str) {
+        self.last_flush = Instant::now();
+        if self.pending.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.pending);
+        let id = task_id.to_string();
+        if let Err(e) = with_store(state, move |s| s.append_task_events(&id, &batch)).await {
+            tracing::error!("storing task events failed: {}", e.message);
+        }
+    }
+}

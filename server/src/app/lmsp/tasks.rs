@@ -1,0 +1,216 @@
+//! `/lmsp/v1/tasks`: responses run as tasks, independent of any connection,
+//! with resumable event streams (`Last-Event-ID` or `?after=N`, `after`
+//! wins), a retention period for the history (then `410
+//! event_history_expired`), and cancel.
+
+use super::handlers::{check_version, outcome_response};
+use super::idempotency::Claim;
+use super::live::LiveTask;
+use super::map::{request_to_engine, sse_frame};
+use super::problem::Problem;
+use super::task_run::run_task;
+use super::LMSP_VERSION;
+use crate::app::responses::{start_turn, unix_now, with_store, StartedTurn};
+use crate::app::sse;
+use crate::app::state::AppState;
+use crate::protocol::error::ApiError;
+use crate::protocol::ErrorKind;
+use crate::store::{TaskEvent, TaskRecord};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+/// How long a cancel waits for the task's terminal event.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+/// Keep-alive comments on an idle event stream.
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
+
+/// POST /lmsp/v1/tasks: 202 with the task object (and `Location`).
+pub async fn create(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    match create_inner(state, headers, body).await {
+        Ok(r) => r,
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+    check_version(&headers)?;
+    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
+    let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string) else {
+        return Ok(outcome_response(start(&state, &value).await));
+    };
+    if key.is_empty() || key.len() > 255 {
+        return Err(ApiError::invalid("Idempotency-Key", "The Idempotency-Key header must be 1–255 characters.").into());
+    }
+    let scope = format!("tasks:{}", headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or(""));
+    match state.idempotency.claim(&scope, &key, &body) {
+        Claim::Mismatch => Err(ApiError::new(422, ErrorKind::InvalidRequest, "This Idempotency-Key was already used with a different request body.")
+            .with_code("idempotency_key_reused")
+            .into()),
+        Claim::Run(cell) => Ok(outcome_response(cell.get_or_init(|| start(&state, &value)).await.clone())),
+    }
+}
+
+/// Starts the task: (status, body) as for an idempotent outcome.
+async fn start(state: &Arc<AppState>, value: &Value) -> (u16, String) {
+    match start_inner(state, value).await {
+        Ok(task) => (202, task.to_json().to_string()),
+        Err(p) => (p.0.status, p.to_value().to_string()),
+    }
+}
+
+async fn start_inner(state: &Arc<AppState>, value: &Value) -> Result<TaskRecord, Problem> {
+    let mut request = request_to_engine(value)?;
+    request["stream"] = Value::Bool(false);
+    let turn = start_turn(state, request, None).await?;
+    let StartedTurn { stream, mapper, persist, id, .. } = turn;
+    let record = TaskRecord {
+        id: format!("task_{}", uuid::Uuid::new_v4().simple()),
+        response_id: id,
+        created_at: unix_now(),
+        status: "in_progress".into(),
+        finished_at: None,
+        last_event_id: 0,
+        response: Value::Null,
+    };
+    let to_store = record.clone();
+    with_store(state, move |s| s.put_task(&to_store)).await?;
+    let live = LiveTask::new(record.clone(), stream.id());
+    state.tasks.insert(live.clone());
+    tokio::spawn(run_task(state.clone(), live, stream, mapper, persist));
+    Ok(record)
+}
+
+/// GET /lmsp/v1/tasks/{id}
+pub async fn retrieve(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match find(&state, &id).await {
+        Ok(task) => outcome_response((200, task.to_json().to_string())),
+        Err(p) => p.into_response(),
+    }
+}
+
+/// POST /lmsp/v1/tasks/{id}/cancel: stops a running task (its stream ends
+/// with `response.cancelled`); a finished task is returned unchanged.
+pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if let Some(live) = state.tasks.get(&id) {
+        let mut published = live.subscribe();
+        live.request_cancel();
+        state.scheduler.abort(live.request);
+        let ended = async {
+            while !live.events_after(0).last().is_some_and(TaskEvent::is_terminal) {
+                if published.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(CANCEL_WAIT, ended).await;
+        return outcome_response((200, live.record().to_json().to_string()));
+    }
+    retrieve(State(state), Path(id)).await
+}
+
+async fn find(state: &Arc<AppState>, id: &str) -> Result<TaskRecord, Problem> {
+    if let Some(live) = state.tasks.get(id) {
+        return Ok(live.record());
+    }
+    let key = id.to_string();
+    with_store(state, move |s| s.get_task(&key))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("No task with id '{id}'.")).with_code("task_not_found").into())
+}
+
+/// Query of the events endpoint.
+#[derive(Debug, Deserialize)]
+pub struct EventsQuery {
+    after: Option<u64>,
+}
+
+/// GET /lmsp/v1/tasks/{id}/events: the events after `?after=N` (or the
+/// `Last-Event-ID` header), then live ones until the terminal event.
+pub async fn events(State(state): State<Arc<AppState>>, Path(id): Path<String>, Query(q): Query<EventsQuery>, headers: HeaderMap) -> Response {
+    match events_inner(state, id, q, headers).await {
+        Ok(r) => r,
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn events_inner(state: Arc<AppState>, id: String, q: EventsQuery, headers: HeaderMap) -> Result<Response, Problem> {
+    let after = match (q.after, headers.get("last-event-id")) {
+        (Some(after), _) => after,
+        (None, Some(h)) => h.to_str().ok().and_then(|s| s.trim().parse().ok()).ok_or_else(|| {
+            Problem::from(ApiError::invalid("Last-Event-ID", "Last-Event-ID must be an integer event id."))
+        })?,
+        (None, None) => 0,
+    };
+    if let Some(live) = state.tasks.get(&id) {
+        return Ok(sse_response(follow(live, after)));
+    }
+    let task = find(&state, &id).await?;
+    if after >= task.last_event_id {
+        return Ok(sse_response(Body::empty()));
+    }
+    let retention = state.limits.task_event_retention.as_secs();
+    let expired = task.finished_at.is_some_and(|f| unix_now() >= f.saturating_add(i64::try_from(retention).unwrap_or(i64::MAX)));
+    let key = id.clone();
+    let stored = if expired { Vec::new() } else { with_store(&state, move |s| s.task_events(&key, after)).await? };
+    if stored.first().is_none_or(|e| e.id != after + 1) {
+        return Err(ApiError::new(410, ErrorKind::InvalidRequest,
+            format!("The events of task '{id}' after {after} are past their retention period; GET /lmsp/v1/tasks/{id} has the final result."))
+            .with_code("event_history_expired")
+            .into());
+    }
+    let body: String = stored.iter().map(frame).collect();
+    Ok(sse_response(Body::from(body)))
+}
+
+/// Replays a running task's events after `after`, then follows it live.
+fn follow(live: Arc<LiveTask>, mut after: u64) -> Body {
+    let (tx, rx) = mpsc::channel::<String>(64);
+    tokio::spawn(async move {
+        let mut published = live.subscribe();
+        loop {
+            for e in live.events_after(after) {
+                if tx.send(frame(&e)).await.is_err() {
+                    return;
+                }
+                after = e.id;
+                if e.is_terminal() {
+                    return;
+                }
+            }
+            tokio::select! {
+                changed = published.changed() => if changed.is_err() { return },
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep(KEEP_ALIVE_EVERY) => {
+                    if tx.send(sse::KEEP_ALIVE.to_string()).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>))
+}
+
+fn frame(e: &TaskEvent) -> String {
+    sse_frame(e.id, &e.event, &e.data)
+}
+
+fn sse_response(body: Body) -> Response {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("lmsp-version", HeaderValue::from_static(LMSP_VERSION));
+    r
+}
