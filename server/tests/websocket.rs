@@ -41,7 +41,7 @@ async fn turn(ws: &mut Socket) -> Vec<Value> {
         let v: Value = serde_json::from_str(text.as_str()).unwrap();
         let t = v["type"].as_str().unwrap().to_string();
         events.push(v);
-        if matches!(t.as_str(), "response.completed" | "response.incomplete" | "response.failed" | "error") {
+        if matches!(t.as_str(), "response.completed" | "response.incomplete" | "response.failed" | "error" | "response.compaction") {
             return events;
         }
     }
@@ -190,4 +190,37 @@ async fn the_next_turn_may_follow_the_terminal_event_at_once() {
         assert_ne!(last["type"], "error", "round {round}: {last}");
         previous = last["response"]["id"].as_str().map(str::to_string);
     }
+}
+
+/// Compaction over WebSocket: a `store: false` chain (known only to this
+/// connection) is compacted with a `response.compact` message, and its output
+/// starts a new chain on the same socket (digest §7: no `previous_response_id`).
+#[tokio::test]
+async fn a_connection_local_chain_compacts_and_a_new_chain_starts_from_it() {
+    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let mut ws = connect(&s, None).await.expect("connect");
+    send(&mut ws, create(json!("My name is Ada and I live in Lyon."), json!({}))).await;
+    let first = turn(&mut ws).await;
+    let id = terminal(&first)["response"]["id"].as_str().unwrap().to_string();
+
+    send(&mut ws, json!({"type": "response.compact", "model": "smollm2-135m-instruct",
+                         "previous_response_id": id, "input": "Where do I live?"})).await;
+    let compacted = turn(&mut ws).await;
+    assert_eq!(compacted.len(), 1);
+    let c = &compacted[0];
+    assert_eq!((c["type"].as_str(), c["object"].as_str()), (Some("response.compaction"), Some("response.compaction")), "{c}");
+    let output = c["output"].as_array().unwrap();
+    assert_eq!(output[0]["type"], "compaction");
+    assert!(output[0]["encrypted_content"].as_str().is_some_and(|t| !t.contains("Lyon")), "sealed: {c}");
+    assert!(output.iter().any(|i| i["content"][0]["text"] == "Where do I live?"), "the latest turn is kept: {c}");
+
+    send(&mut ws, create(c["output"].clone(), json!({}))).await;
+    let next = turn(&mut ws).await;
+    let done = terminal(&next);
+    assert!(matches!(done["type"].as_str(), Some("response.completed" | "response.incomplete")), "{done}");
+
+    // Without a model it is the endpoint's 400, as an error envelope.
+    send(&mut ws, json!({"type": "response.compact", "input": "x"})).await;
+    let e = turn(&mut ws).await;
+    assert_eq!((e[0]["type"].as_str(), e[0]["status"].as_u64()), (Some("error"), Some(400)), "{}", e[0]);
 }

@@ -36,6 +36,13 @@ pub async fn compact(State(state): State<Arc<AppState>>, body: Result<Bytes, Byt
 async fn compact_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
     let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
+    compact_value(state, value, None).await
+}
+
+/// Compacts the conversation of a `/compact` body. `local_history` (the
+/// WebSocket connection's memory of `previous_response_id`) replaces the
+/// store lookup when given.
+pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Option<Vec<Value>>) -> Result<Value, ApiError> {
     if value.get("model").is_none_or(Value::is_null) {
         return Err(ApiError::invalid("model", "Missing required parameter: 'model'.").with_code("missing_required_parameter"));
     }
@@ -48,11 +55,16 @@ async fn compact_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>
     if req.model.as_deref() != Some(state.model.name.as_str()) {
         return Err(ApiError::model_not_found(req.model.as_deref().unwrap_or("")));
     }
-    let st = state.clone();
-    let prev = req.previous_response_id.clone();
-    let history = tokio::task::spawn_blocking(move || turn::history(&st, prev.as_deref()))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let history = match local_history {
+        Some(items) => items,
+        None => {
+            let st = state.clone();
+            let prev = req.previous_response_id.clone();
+            tokio::task::spawn_blocking(move || turn::history(&st, prev.as_deref()))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))??
+        }
+    };
     let mut json_items = history;
     json_items.extend(input_items_json(&req));
     let items: Vec<InputItem> = json_items

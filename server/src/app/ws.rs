@@ -2,7 +2,10 @@
 //! `{"type":"response.create", ...}` message, answered by the same event
 //! objects as SSE, one JSON text frame each, exactly one terminal message per
 //! turn, at most one response in flight, connection-local continuation for
-//! `store: false` chains, and a connection time limit.
+//! `store: false` chains, and a connection time limit. A
+//! `{"type":"response.compact", ...}` message compacts like
+//! `POST /v1/responses/compact` (answered by one `response.compaction`
+//! message); its output starts a new chain.
 
 use super::drive::{drive, Sink};
 use super::responses::{start_turn, StartedTurn};
@@ -126,6 +129,13 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
                             continue;
                         }
                     };
+                    if value["type"] == "response.compact" {
+                        let history = value["previous_response_id"].as_str().and_then(|id| local.get(id));
+                        let ending = Arc::new(AtomicBool::new(false));
+                        let handle = tokio::spawn(run_compact(state.clone(), value, history, out.clone(), ending.clone()));
+                        running = Some(Running { handle, previous: None, ending });
+                        continue;
+                    }
                     let previous = value["previous_response_id"].as_str().map(str::to_string);
                     match begin(&state, value, &local).await {
                         Ok(turn) => {
@@ -213,6 +223,26 @@ async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Mes
         items
     });
     TurnOutcome { id, conversation }
+}
+
+/// `{"type":"response.compact", ...}` (the `/responses/compact` body): one
+/// `response.compaction` message, or an error. A `previous_response_id`
+/// resolves from the connection's memory first, so `store: false` chains
+/// can be compacted too.
+async fn run_compact(state: Arc<AppState>, mut value: Value, history: Option<Vec<Value>>, out: mpsc::Sender<Message>, ending: Arc<AtomicBool>) -> TurnOutcome {
+    if let Some(body) = value.as_object_mut() {
+        body.remove("type");
+    }
+    let result = super::compact::compact_value(state, value, history).await;
+    ending.store(true, Ordering::Release);
+    match result {
+        Ok(mut compaction) => {
+            compaction["type"] = Value::from("response.compaction");
+            let _ = out.send(Message::Text(compaction.to_string().into())).await;
+        }
+        Err(e) => send_error(&out, &e).await,
+    }
+    TurnOutcome { id: String::new(), conversation: None }
 }
 
 async fn send_error(out: &mpsc::Sender<Message>, e: &ApiError) {
