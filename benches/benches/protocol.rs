@@ -81,6 +81,7 @@ fn direct(handle: &SchedulerHandle, rt: &tokio::runtime::Runtime) -> Duration {
         sampling: SamplingParams::default(),
         stop: StopConditions { max_tokens: TOKENS, ..StopConditions::default() },
         cache_salt: None,
+        constraint: None,
     };
     let start = Instant::now();
     rt.block_on(async {
@@ -102,13 +103,7 @@ fn bench_overhead(c: &mut Criterion) {
         sealer: spindle_server::app::seal::Sealer::random(),
         idempotency: Default::default(),
         tasks: Default::default(),
-        model: ModelInfo {
-            name: "m".into(),
-            tokenizer: tok.clone(),
-            template: ChatTemplate::chatml_default(),
-            context_length: 1 << 16,
-            created: 0,
-        },
+        model: ModelInfo::new("m".into(), tok.clone(), ChatTemplate::chatml_default(), 1 << 16, tok.vocab_size(), 0),
         store: Arc::new(MemoryStore::default()),
         keys: ApiKeys::default(),
         limits: Limits::default(),

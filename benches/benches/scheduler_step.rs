@@ -56,6 +56,7 @@ fn bench_step(c: &mut Criterion) {
             sampling: SamplingParams::default(),
             stop: StopConditions { max_tokens: usize::MAX, ..StopConditions::default() },
             cache_salt: None,
+            constraint: None,
         };
         receivers.push(scheduler.enqueue(i as u64 + 1, request, tokenizer.clone()));
     }

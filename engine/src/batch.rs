@@ -19,6 +19,8 @@ pub enum LogitsRequest {
 pub struct SeqSampling {
     /// Sampling parameters.
     pub params: SamplingParams,
+    /// The grammar the sample must follow (masked before, advanced after).
+    pub constraint: Option<crate::grammar::SharedConstraint>,
     /// How many tokens the sequence has generated; with the seed it fixes the
     /// random draw, so a seeded sequence samples the same tokens whatever else
     /// is in the batch.

@@ -83,7 +83,7 @@ fn generate_inner(
     let prompt_tokens =
         if SeqSampling::needs_prompt_tokens(&req.sampling) { req.prompt.clone() } else { Vec::new() };
     let keep_outputs = SeqSampling::needs_output_tokens(&req.sampling);
-    let mut sampling = SeqSampling { params: req.sampling.clone(), generated: 0, output_tokens: Vec::new(), prompt_tokens };
+    let mut sampling = SeqSampling { params: req.sampling.clone(), constraint: None, generated: 0, output_tokens: Vec::new(), prompt_tokens };
     let started = Instant::now();
     let chunk = req.prefill_chunk.max(1);
     let mut pos = 0;

@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod grammar;
 pub mod hf;
 pub mod kv;
 pub mod load;

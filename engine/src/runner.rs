@@ -84,7 +84,16 @@ fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<SampledToken> {
         params.seed = Some(mix(seed, s.generated as u64));
     }
     let mut sampler = Sampler::new(params)?;
-    Ok(sampler.sample(logits, &s.prompt_tokens, &s.output_tokens))
+    let Some(constraint) = &s.constraint else {
+        return Ok(sampler.sample(logits, &s.prompt_tokens, &s.output_tokens));
+    };
+    let mut constraint = constraint.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    constraint.mask_logits(logits);
+    let sampled = sampler.sample(logits, &s.prompt_tokens, &s.output_tokens);
+    if let Err(e) = constraint.accept(sampled.token) {
+        tracing::warn!("the grammar refused sampled token {}: {e}", sampled.token);
+    }
+    Ok(sampled)
 }
 
 fn mix(seed: u64, step: u64) -> u64 {

@@ -217,6 +217,7 @@ fn push_entry(step: &mut Step, seq: &Sequence, n: usize) {
     let start = seq.num_computed;
     let sampling = (start + n == seq.tokens.len()).then(|| SeqSampling {
         params: seq.sampling.clone(),
+        constraint: seq.constraint.clone(),
         generated: seq.output_tokens().len(),
         output_tokens: if SeqSampling::needs_output_tokens(&seq.sampling) {
             seq.output_tokens().to_vec()

@@ -16,6 +16,9 @@ pub struct GenerationRequest {
     /// never share cached blocks (so one tenant cannot probe another's
     /// prompts by timing). `None` shares with every other unsalted request.
     pub cache_salt: Option<String>,
+    /// A grammar the output must follow: each sample is masked by it and
+    /// advances it (constrained decoding).
+    pub constraint: Option<spindle_engine::grammar::SharedConstraint>,
 }
 
 /// Why a generation ended.

@@ -20,6 +20,8 @@ pub(crate) struct Sequence {
     pub num_computed: usize,
     pub kv: SeqKv,
     pub sampling: SamplingParams,
+    /// The grammar, when the output is constrained.
+    pub constraint: Option<spindle_engine::grammar::SharedConstraint>,
     pub output: OutputProcessor,
     pub salt: u64,
     pub events: UnboundedSender<GenerationEvent>,
@@ -46,6 +48,7 @@ impl Sequence {
             num_computed: 0,
             kv: SeqKv::default(),
             sampling: request.sampling,
+            constraint: request.constraint,
             output: OutputProcessor::new(tokenizer, request.stop),
             events,
             started: false,

@@ -42,6 +42,7 @@ fn request(prompt: Vec<u32>, stop_tokens: &[u32], max_tokens: usize) -> Generati
             skip_special_tokens: true,
         },
         cache_salt: None,
+        constraint: None,
     }
 }
 

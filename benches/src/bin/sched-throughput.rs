@@ -73,6 +73,7 @@ fn run_one(handle: &SchedulerHandle, prompt: Vec<u32>, output_len: usize) -> (us
         sampling: SamplingParams::default(),
         stop: StopConditions { max_tokens: output_len, ..StopConditions::default() },
         cache_salt: None,
+        constraint: None,
     };
     let Ok(mut stream) = handle.submit(request) else { return (0, 0.0) };
     let mut first = None;

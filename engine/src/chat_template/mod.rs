@@ -42,6 +42,7 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>'
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -65,6 +66,7 @@ impl ChatTemplate {
             .map_err(template_err)?;
         Ok(Self {
             env,
+            source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
         })
@@ -87,10 +89,16 @@ impl ChatTemplate {
             // The constant is tested to compile; keep a usable value anyway.
             Err(_) => Self {
                 env: Environment::new(),
+                source: String::new(),
                 bos_token: bos_token.to_string(),
                 eos_token: eos_token.to_string(),
             },
         }
+    }
+
+    /// The Jinja source the template was compiled from.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Whether the template reads the `tools` variable, i.e. renders tool

@@ -319,4 +319,4 @@ fn required(id: Option<u32>, flag: &str) -> Result<u32> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

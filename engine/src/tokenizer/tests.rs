@@ -35,7 +35,7 @@ fn toy_spec(pre: &str) -> GgufTokenizerSpec {
     }
 }
 
-fn toy(pre: &str) -> Tokenizer {
+pub(crate) fn toy(pre: &str) -> Tokenizer {
     Tokenizer::from_gguf_spec(toy_spec(pre)).unwrap()
 }
 

@@ -127,6 +127,7 @@ async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputI
             ..StopConditions::default()
         },
         cache_salt: None,
+        constraint: None,
     };
     let mut stream = state.scheduler.submit(request).map_err(|e| ApiError::internal(e.to_string()))?;
     let mut summary = String::new();

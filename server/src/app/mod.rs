@@ -2,6 +2,7 @@
 
 pub mod auth;
 pub mod compact;
+pub mod constrain;
 pub mod drive;
 pub mod lmsp;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod responses;
 pub mod seal;
 pub mod sse;
 pub mod state;
+pub mod tool_stream;
 pub mod tools;
 pub mod turn;
 pub mod ws;

@@ -23,6 +23,27 @@ pub struct ModelInfo {
     pub context_length: usize,
     /// Unix time the model was loaded (`created` in /v1/models).
     pub created: i64,
+    /// Compiles grammars for constrained decoding (`None`: this tokenizer
+    /// cannot be constrained; requests that need it get a 400).
+    pub grammar: Option<spindle_engine::grammar::GrammarCompiler>,
+    /// How the chat template writes tool calls.
+    pub call_format: super::constrain::CallFormat,
+}
+
+impl ModelInfo {
+    /// Model info with the grammar compiler and call format derived from the
+    /// tokenizer (over `vocab_size` logits) and the template.
+    pub fn new(name: String, tokenizer: Tokenizer, template: ChatTemplate, context_length: usize, vocab_size: usize, created: i64) -> Self {
+        let grammar = match spindle_engine::grammar::GrammarCompiler::new(&tokenizer, vocab_size) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::warn!("{e}");
+                None
+            }
+        };
+        let call_format = super::constrain::CallFormat::of(&template);
+        Self { name, tokenizer, template, context_length, created, grammar, call_format }
+    }
 }
 
 /// Sampling used when a request leaves a field out (the protocol sets no

@@ -1,8 +1,8 @@
 //! Function tools, basic path (issue 4 part 7): the prompt side (tool
 //! definitions and tool-call history in the prompt) and the output side (a
 //! streaming parser from the model's text to `function_call` items).
-//! Enforcing `tool_choice` at decode time is the tools issue's job; nothing
-//! here changes the prompt with `tool_choice`.
+//! `tool_choice` is enforced at decode time by a grammar
+//! ([`super::constrain`]); nothing here changes the prompt with it.
 //!
 //! # Prompt side
 //!
@@ -65,8 +65,16 @@
 //! `parallel_tool_calls: false` keeps the first call only and
 //! `max_tool_calls` caps the calls; calls beyond the cap are dropped.
 //! With `tool_choice: "none"` the output is not parsed at all (it is text).
-//! Arguments are reported as compact JSON in one delta.
+//!
+//! A call written exactly as `{"name": "f", "arguments": ` (or
+//! `"parameters"`), which is what constrained decoding makes the model write
+//! ([`super::constrain`]), streams: `FunctionCallStarted` as soon as the name
+//! is complete, then the arguments' text as it is generated, then
+//! `FunctionCallDone` at its closing bracket ([`super::tool_stream`]). Other
+//! spellings are parsed whole and their arguments reported as compact JSON in
+//! one delta.
 
+use super::tool_stream::{match_head, ArgScanner, Head};
 use crate::protocol::error::ApiError;
 use crate::protocol::mapper::{new_call_id, MapperInput};
 use crate::protocol::request::ValidRequest;
@@ -268,6 +276,10 @@ enum Mode {
     Close,
     /// The output began with `{`: buffering it as a possible bare call.
     Bare,
+    /// Inside a streamed call's arguments (see [`super::tool_stream`]).
+    Args,
+    /// After a streamed call's arguments: skipping the call object's `}`.
+    AfterArgs,
 }
 
 /// Result of scanning for the end of a JSON object.
@@ -294,6 +306,10 @@ pub struct ToolCallParser {
     after_call: bool,
     /// Calls accepted so far (emitted or dropped by the cap).
     calls: usize,
+    /// The streamed call's argument scanner.
+    args: ArgScanner,
+    /// Whether the streamed call is reported (within the cap).
+    emitting: bool,
 }
 
 impl ToolCallParser {
@@ -313,6 +329,8 @@ impl ToolCallParser {
             held_ws: String::new(),
             after_call: false,
             calls: 0,
+            args: ArgScanner::default(),
+            emitting: false,
         }
     }
 
@@ -373,6 +391,8 @@ impl ToolCallParser {
                 Mode::Call => self.step_call(end, out),
                 Mode::Close => self.step_close(end),
                 Mode::Bare => self.step_bare(end, out),
+                Mode::Args => self.step_args(end, out),
+                Mode::AfterArgs => self.step_after_args(end),
             };
             if !again {
                 return;
@@ -423,6 +443,16 @@ impl ToolCallParser {
         if !body.starts_with('{') {
             return self.malformed(out);
         }
+        match match_head(body, &self.names) {
+            Head::Complete { name, len } => {
+                self.buf.drain(..lead + len);
+                self.held_ws.clear();
+                self.start_streamed(name, out);
+                return true;
+            }
+            Head::Partial if !end => return false,
+            Head::Partial | Head::NoMatch => {}
+        }
         match scan_object(body) {
             Scan::Complete(n) => match self.parse_call(&body[..n]) {
                 Some((name, arguments)) => {
@@ -460,6 +490,15 @@ impl ToolCallParser {
     fn step_bare(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
         let lead = self.buf.len() - self.buf.trim_start().len();
         let body = &self.buf[lead..];
+        match match_head(body, &self.names) {
+            Head::Complete { name, len } => {
+                self.buf.drain(..lead + len);
+                self.start_streamed(name, out);
+                return true;
+            }
+            Head::Partial if !end => return false,
+            Head::Partial | Head::NoMatch => {}
+        }
         match scan_object(body) {
             Scan::Complete(n) => {
                 if let Some((name, arguments)) = self.parse_call(&body[..n]) {
@@ -477,6 +516,49 @@ impl ToolCallParser {
             }
             Scan::Incomplete => false,
         }
+    }
+
+    /// A streamed call's head is complete: report the call (within the cap).
+    fn start_streamed(&mut self, name: String, out: &mut Vec<MapperInput>) {
+        self.emitting = self.calls < self.limit;
+        if self.emitting {
+            out.push(MapperInput::FunctionCallStarted { call_id: new_call_id(), name });
+        }
+        self.calls = self.calls.saturating_add(1);
+        self.after_call = true;
+        self.args = ArgScanner::default();
+        self.mode = Mode::Args;
+    }
+
+    /// Passes on the arguments as they arrive; at their closing bracket (or
+    /// the end of the output) the call is done.
+    fn step_args(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        let (n, closed) = self.args.feed(&self.buf);
+        let delta: String = self.buf.drain(..n).collect();
+        if self.emitting && !delta.is_empty() {
+            out.push(MapperInput::FunctionCallArgumentsDelta(delta));
+        }
+        if closed || end {
+            if self.emitting {
+                out.push(MapperInput::FunctionCallDone);
+            }
+            self.mode = Mode::AfterArgs;
+            return closed;
+        }
+        false
+    }
+
+    /// Drops the `}` that closes the call object after its arguments.
+    fn step_after_args(&mut self, end: bool) -> bool {
+        let trimmed = self.buf.trim_start();
+        if trimmed.is_empty() && !end {
+            return false;
+        }
+        if let Some(rest) = trimmed.strip_prefix('}') {
+            self.buf = rest.to_owned();
+        }
+        self.mode = Mode::Close;
+        true
     }
 
     /// The open block is not a call: its tag (with the whitespace before it)
@@ -663,11 +745,11 @@ mod tests {
         );
         assert_eq!(
             inputs[1],
-            MapperInput::FunctionCallArgumentsDelta(r#"{"city":"Paris"}"#.into())
+            MapperInput::FunctionCallArgumentsDelta(r#"{"city": "Paris"}"#.into())
         );
         assert_eq!(inputs[2], MapperInput::FunctionCallDone);
         assert_eq!(inputs.len(), 3);
-        check(parser, CALL_A, &[r#"get_weather({"city":"Paris"})"#]);
+        check(parser, CALL_A, &[r#"get_weather({"city": "Paris"})"#]);
     }
 
     #[test]
@@ -677,8 +759,8 @@ mod tests {
             parser,
             &out,
             &[
-                r#"get_weather({"city":"Paris"})"#,
-                r#"get_time({"tz":"UTC"})"#,
+                r#"get_weather({"city": "Paris"})"#,
+                r#"get_time({"tz": "UTC"})"#,
             ],
         );
         let mut p = parser();
@@ -701,7 +783,7 @@ mod tests {
             &out,
             &[
                 "Let me check.",
-                r#"get_weather({"city":"Paris"})"#,
+                r#"get_weather({"city": "Paris"})"#,
                 "Done: it is sunny.",
             ],
         );
@@ -714,7 +796,6 @@ mod tests {
             "Hi <tool_call>not json</tool_call>",
             "Hi <tool_call>{\"name\": \"unknown_fn\", \"arguments\": {}}</tool_call>",
             "Hi <tool_call>{\"name\": \"get_weather\", \"arguments\": [1]}</tool_call>",
-            "Hi <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"a\": 1}</tool_call>",
             "Hi <tool_call>{\"name\": \"get_weather\", \"argu",
             "Hi <tool_call>",
         ] {
@@ -724,7 +805,7 @@ mod tests {
         check(
             parser,
             &out,
-            &["<tool_call>[1]</tool_call>", r#"get_time({"tz":"UTC"})"#],
+            &["<tool_call>[1]</tool_call>", r#"get_time({"tz": "UTC"})"#],
         );
     }
 
@@ -732,7 +813,7 @@ mod tests {
     fn parallel_tool_calls_false_keeps_the_first_call() {
         let out = format!("{CALL_A}\n{CALL_B}\n{CALL_A}");
         let single = || ToolCallParser::new(["get_weather", "get_time"], false, None);
-        check(single, &out, &[r#"get_weather({"city":"Paris"})"#]);
+        check(single, &out, &[r#"get_weather({"city": "Paris"})"#]);
     }
 
     #[test]
@@ -743,8 +824,8 @@ mod tests {
             capped,
             &out,
             &[
-                r#"get_weather({"city":"Paris"})"#,
-                r#"get_time({"tz":"UTC"})"#,
+                r#"get_weather({"city": "Paris"})"#,
+                r#"get_time({"tz": "UTC"})"#,
             ],
         );
     }
@@ -752,7 +833,7 @@ mod tests {
     #[test]
     fn argument_variants_and_bare_json() {
         let out = r#"<tool_call>{"name": "get_time", "parameters": {"tz": "CET"}}</tool_call>"#;
-        check(parser, out, &[r#"get_time({"tz":"CET"})"#]);
+        check(parser, out, &[r#"get_time({"tz": "CET"})"#]);
         let out =
             r#"<tool_call>{"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}</tool_call>"#;
         check(parser, out, &[r#"get_time({"tz":"CET"})"#]);
@@ -762,7 +843,7 @@ mod tests {
             &["get_time({})"],
         );
         let llama = r#" {"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
-        check(parser, llama, &[r#"get_weather({"city":"Oslo"})"#]);
+        check(parser, llama, &[r#"get_weather({"city": "Oslo"})"#]);
         check(
             parser,
             r#"{"answer": 42} is JSON"#,

@@ -145,6 +145,7 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<
             ..StopConditions::default()
         },
         cache_salt: req.prompt_cache_key.clone(),
+        constraint: super::constrain::constraint_for(state.model.grammar.as_ref(), state.model.call_format, req)?,
     };
     state.scheduler.submit(request).map_err(submit_error)
 }

@@ -114,13 +114,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         sealer,
         idempotency: Default::default(),
         tasks: Default::default(),
-        model: ModelInfo {
-            name: loaded.location.name.clone(),
-            tokenizer: loaded.tokenizer,
-            template: loaded.template,
-            context_length: config.context_length,
-            created: unix_now(),
-        },
+        model: ModelInfo::new(
+            loaded.location.name.clone(),
+            loaded.tokenizer,
+            loaded.template,
+            config.context_length,
+            config.vocab_size,
+            unix_now(),
+        ),
         store,
         keys,
         limits: Limits {

@@ -40,6 +40,7 @@ pub async fn start_custom(
     let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
     let config = SchedulerConfig { num_blocks: blocks, context_length: m.model.config().context_length, ..SchedulerConfig::default() };
     let context_length = config.context_length;
+    let vocab_size = m.model.config().vocab_size;
     let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000)).expect("store");
@@ -48,7 +49,7 @@ pub async fn start_custom(
         sealer: spindle_server::app::seal::Sealer::random(),
         idempotency: Default::default(),
         tasks: Default::default(),
-        model: ModelInfo { name: "smollm2-135m-instruct".into(), tokenizer: m.tokenizer, template: m.template, context_length, created: 0 },
+        model: ModelInfo::new("smollm2-135m-instruct".into(), m.tokenizer, m.template, context_length, vocab_size, 0),
         store: wrap(store),
         keys: ApiKeys::new(keys),
         limits,

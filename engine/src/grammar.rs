@@ -1,0 +1,155 @@
+//! Constrained decoding: a grammar (llguidance's Lark dialect, with `%json`
+//! for JSON Schemas) compiled against the model's tokenizer, and a
+//! per-sequence [`Constraint`] that masks the logits before each sample and
+//! advances with each sampled token.
+//!
+//! The [`GrammarCompiler`] is built once per model (it holds the token trie);
+//! compiling a grammar checks it (a schema keyword the compiler does not
+//! support is an error naming it), so requests are rejected before they are
+//! queued. A [`Constraint`] lives with its sequence in the scheduler and is
+//! shared with the runner as a [`SharedConstraint`]; the runner masks,
+//! samples and advances it inside the parallel per-sequence sampling, so the
+//! mask is computed in parallel across the batch.
+
+use crate::tokenizer::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{SimpleVob, TokEnv};
+use llguidance::{Matcher, ParserFactory};
+use std::sync::{Arc, Mutex};
+
+/// Why a grammar could not be built or compiled.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GrammarError {
+    /// The tokenizer cannot be turned into a token trie.
+    #[error("constrained decoding is unavailable for this tokenizer: {0}")]
+    Tokenizer(String),
+    /// The grammar (or a JSON Schema in it) does not compile.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Compiles grammars for one model's vocabulary.
+#[derive(Clone)]
+pub struct GrammarCompiler {
+    factory: Arc<ParserFactory>,
+    eos: Vec<u32>,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler").field("eos", &self.eos).finish_non_exhaustive()
+    }
+}
+
+impl GrammarCompiler {
+    /// A compiler for `tokenizer` over a model vocabulary of `vocab_size`
+    /// logits (at least the tokenizer's size; padding ids are never allowed).
+    pub fn new(tokenizer: &Tokenizer, vocab_size: usize) -> Result<Self, GrammarError> {
+        let tok_err = |e: anyhow::Error| GrammarError::Tokenizer(e.to_string());
+        let mut bytes = toktrie_hf_tokenizers::ByteTokenizer::from_tokenizer(tokenizer.hf().clone()).map_err(tok_err)?;
+        let eos = tokenizer.eos_ids().to_vec();
+        if !eos.is_empty() {
+            bytes.set_eos_tokens(&eos);
+        }
+        let env: TokEnv = bytes.into_tok_env(Some(vocab_size.max(tokenizer.vocab_size()))).map_err(tok_err)?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(tok_err)?;
+        factory.quiet();
+        Ok(Self { factory: Arc::new(factory), eos })
+    }
+
+    /// Compiles a Lark grammar (llguidance's dialect) into a fresh constraint.
+    pub fn compile_lark(&self, lark: &str) -> Result<Constraint, GrammarError> {
+        self.compile(TopLevelGrammar::from_lark(lark.to_string()))
+    }
+
+    /// Compiles a JSON Schema into a fresh constraint (the whole output is one JSON value).
+    pub fn compile_json_schema(&self, schema: serde_json::Value) -> Result<Constraint, GrammarError> {
+        self.compile(TopLevelGrammar::from_json_schema(schema))
+    }
+
+    fn compile(&self, grammar: TopLevelGrammar) -> Result<Constraint, GrammarError> {
+        let parser = self.factory.create_parser(grammar).map_err(|e| GrammarError::Invalid(e.to_string()))?;
+        Ok(Constraint { matcher: Matcher::new(Ok(parser)), eos: self.eos.clone() })
+    }
+}
+
+/// One sequence's grammar state.
+pub struct Constraint {
+    matcher: Matcher,
+    eos: Vec<u32>,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint").field("stopped", &self.matcher.is_stopped()).finish_non_exhaustive()
+    }
+}
+
+/// A constraint shared between the scheduler's sequence and the runner.
+pub type SharedConstraint = Arc<Mutex<Constraint>>;
+
+impl Constraint {
+    /// Shares this constraint (see [`SharedConstraint`]).
+    pub fn shared(self) -> SharedConstraint {
+        Arc::new(Mutex::new(self))
+    }
+
+    /// The tokens allowed next. A finished grammar allows only EOS; a broken
+    /// one (which a correct grammar never reaches) also allows only EOS, so
+    /// the sequence ends instead of failing the batch.
+    pub fn allowed(&mut self) -> SimpleVob {
+        match self.matcher.compute_mask_or_eos() {
+            Ok(mask) if mask.num_set() > 0 => mask,
+            Ok(_) | Err(_) => {
+                tracing::warn!("grammar reached a dead end ({:?}); ending the sequence", self.matcher.get_error());
+                let mut only_eos = SimpleVob::alloc(self.matcher.tok_env().map_or(0, |e| e.tok_trie().vocab_size()));
+                for &id in &self.eos {
+                    if (id as usize) < only_eos.len() {
+                        only_eos.allow_token(id);
+                    }
+                }
+                only_eos
+            }
+        }
+    }
+
+    /// Sets the logits of every token the grammar forbids to `-inf`.
+    pub fn mask_logits(&mut self, logits: &mut [f32]) {
+        let allowed = self.allowed();
+        apply_mask(&allowed, logits);
+    }
+
+    /// Advances past a sampled token. EOS (or any token) after the grammar
+    /// finished is ignored; a token the mask did not allow is an error.
+    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        if self.matcher.is_stopped() {
+            return Ok(());
+        }
+        self.matcher.consume_token(token).map_err(|e| GrammarError::Invalid(e.to_string()))
+    }
+
+    /// Whether the output so far is a complete sentence of the grammar.
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+/// `-inf` for every logit whose token `allowed` does not contain (logits
+/// past the mask's length are forbidden too).
+pub fn apply_mask(allowed: &SimpleVob, logits: &mut [f32]) {
+    let words = allowed.as_slice();
+    for (w, chunk) in logits.chunks_mut(32).enumerate() {
+        let bits = words.get(w).copied().unwrap_or(0);
+        if bits == u32::MAX {
+            continue;
+        }
+        for (b, logit) in chunk.iter_mut().enumerate() {
+            if bits & (1 << b) == 0 {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,86 @@
+//! Grammar compilation and masking on the toy byte-level vocabulary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::tokenizer::tests::toy;
+use serde_json::json;
+
+fn compiler() -> (GrammarCompiler, Tokenizer) {
+    let tok = toy("smollm");
+    (GrammarCompiler::new(&tok, tok.vocab_size() + 5).unwrap(), tok)
+}
+
+/// Feeds `text` token by token: `true` when every token was allowed.
+fn follows(c: &mut Constraint, tok: &Tokenizer, text: &str) -> bool {
+    for id in tok.encode(text, false).unwrap() {
+        if !c.allowed().is_allowed(id) {
+            return false;
+        }
+        c.accept(id).unwrap();
+    }
+    true
+}
+
+#[test]
+fn a_json_schema_allows_only_valid_documents_then_eos() {
+    let (g, tok) = compiler();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}, "e": {"enum": ["a", "b"]}},
+                        "required": ["n", "e"], "additionalProperties": false,
+                        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
+    let mut c = g.compile_json_schema(schema.clone()).unwrap();
+    assert!(follows(&mut c, &tok, "{\"n\": 12, \"e\": \"b\"}"));
+    assert!(c.is_accepting());
+    let mask = c.allowed();
+    assert_eq!(mask.num_set(), 1, "only EOS after the document");
+    assert!(mask.is_allowed(2));
+
+    let mut wrong = g.compile_json_schema(schema.clone()).unwrap();
+    assert!(!follows(&mut wrong, &tok, "{\"n\": 12, \"e\": \"c\"}"), "an enum value outside the schema");
+    let mut extra = g.compile_json_schema(schema).unwrap();
+    assert!(!follows(&mut extra, &tok, "{\"x\""), "an undeclared key");
+}
+
+#[test]
+fn masked_logits_are_neg_infinity_outside_the_grammar_and_untouched_inside() {
+    let (g, tok) = compiler();
+    let mut c = g.compile_lark("start: \"hello\" | \"world\"").unwrap();
+    let mut logits = vec![1.0f32; tok.vocab_size() + 5];
+    c.mask_logits(&mut logits);
+    let allowed: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
+    assert!(!allowed.is_empty());
+    for &i in &allowed {
+        assert_eq!(logits[i], 1.0);
+        let text = tok.decode(&[i as u32], false).unwrap();
+        assert!("hello".starts_with(&text) || "world".starts_with(&text), "token {i} = {text:?}");
+    }
+    assert!(logits[tok.vocab_size()..].iter().all(|l| *l == f32::NEG_INFINITY), "padding ids are never allowed");
+}
+
+#[test]
+fn unsupported_schema_keywords_and_bad_grammars_are_errors_naming_them() {
+    let (g, _) = compiler();
+    let err = g.compile_json_schema(json!({"type": "object", "patternPropertiesX": {}, "if": {"type": "object"}})).unwrap_err();
+    assert!(err.to_string().contains("if"), "{err}");
+    assert!(g.compile_lark("start: undefined_rule").is_err());
+}
+
+#[test]
+fn a_dead_end_allows_only_eos_instead_of_failing() {
+    let (g, tok) = compiler();
+    let mut c = g.compile_lark("start: \"ab\"").unwrap();
+    assert!(follows(&mut c, &tok, "ab"));
+    let mask = c.allowed();
+    assert!(mask.is_allowed(2) && mask.num_set() == 1);
+    c.accept(2).unwrap();
+    c.accept(5).unwrap(); // ignored after the grammar finished
+}
+
+#[test]
+fn text_may_run_up_to_a_lazy_suffix_and_continue_under_the_grammar() {
+    let (g, tok) = compiler();
+    let lark = "start: TEXT | pre \"{}\"\nTEXT: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\npre[suffix=\"<tool_call>\"]: /(.|\\n)*/";
+    for (text, ok) in [("hello world", true), ("hi <tool_call>{}", true), ("<tool_call>{}", true), ("a<b>c", true), ("hi <tool_call>x", false)] {
+        let mut c = g.compile_lark(lark).unwrap();
+        assert_eq!(follows(&mut c, &tok, text), ok, "{text:?}");
+    }
+}
