@@ -99,6 +99,23 @@ fn types(events: &[Value]) -> Vec<&str> {
     events.iter().map(|e| e["type"].as_str().unwrap()).collect()
 }
 
+/// [`types`] with each run of argument deltas as one entry (calls stream
+/// their arguments in as many deltas as the text arrived in).
+fn kinds(events: &[Value]) -> Vec<&str> {
+    let mut out = types(events);
+    out.dedup_by(|a, b| *a == "response.function_call_arguments.delta" && a == b);
+    out
+}
+
+/// The concatenated argument deltas of item `item_id`.
+fn joined_deltas(events: &[Value], item_id: &str) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == "response.function_call_arguments.delta" && e["item_id"] == item_id)
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect()
+}
+
 /// The digest's §5d event order for a response that is one function call.
 const ONE_CALL_ORDER: [&str; 7] = [
     "response.created",
@@ -115,7 +132,7 @@ fn a_parsed_call_streams_in_the_exact_5d_order() {
     let req = request(json!({"model": "m", "input": "x", "tools": tools()}));
     let output = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
     let (events, response) = stream_through(&req, output);
-    assert_eq!(types(&events), ONE_CALL_ORDER);
+    assert_eq!(kinds(&events), ONE_CALL_ORDER);
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e["sequence_number"], i);
     }
@@ -125,13 +142,14 @@ fn a_parsed_call_streams_in_the_exact_5d_order() {
     assert_eq!((added["arguments"].as_str(), added["status"].as_str()), (Some(""), Some("in_progress")));
     let id = added["id"].as_str().unwrap();
     assert!(id.starts_with("fc_") && added["call_id"].as_str().unwrap().starts_with("call_"));
-    let args = r#"{"city":"Paris"}"#;
-    assert_eq!((events[3]["item_id"].as_str(), events[3]["delta"].as_str()), (Some(id), Some(args)));
-    assert_eq!((events[4]["item_id"].as_str(), events[4]["arguments"].as_str()), (Some(id), Some(args)));
-    assert_eq!(events[5]["item"]["status"], "completed");
-    assert_eq!(events[5]["item"]["arguments"], args);
-    assert_eq!(response["output"], json!([events[5]["item"].clone()]));
-    assert_eq!(events[6]["response"]["output"], response["output"]);
+    let args = r#"{"city": "Paris"}"#;
+    assert_eq!(joined_deltas(&events, id), args, "the arguments as generated, streamed");
+    let n = events.len();
+    assert_eq!((events[n - 3]["item_id"].as_str(), events[n - 3]["arguments"].as_str()), (Some(id), Some(args)));
+    assert_eq!(events[n - 2]["item"]["status"], "completed");
+    assert_eq!(events[n - 2]["item"]["arguments"], args);
+    assert_eq!(response["output"], json!([events[n - 2]["item"].clone()]));
+    assert_eq!(events[n - 1]["response"]["output"], response["output"]);
 }
 
 #[test]
@@ -159,7 +177,7 @@ fn text_then_two_parallel_calls_are_three_items() {
         expected.extend(block(kind));
     }
     expected.push("response.completed");
-    assert_eq!(types(&events), expected);
+    assert_eq!(kinds(&events), expected);
     let out = response["output"].as_array().unwrap();
     assert_eq!(out.len(), 3);
     assert_eq!(out[0]["content"][0]["text"], "Checking.");
@@ -295,11 +313,12 @@ async fn the_real_model_calls_a_tool_streamed_in_5d_order_and_the_result_round_t
     }
     let response = &events.last().expect("events")["response"];
     assert_well_formed(response);
-    assert_eq!(types(&events), ONE_CALL_ORDER, "greedy decoding continues the few-shot pattern with one call: {response}");
+    assert_eq!(kinds(&events), ONE_CALL_ORDER, "greedy decoding continues the few-shot pattern with one call: {response}");
     let call = &response["output"][0];
     assert_eq!((call["name"].as_str(), call["status"].as_str()), (Some("get_time"), Some("completed")));
     assert_eq!(events[2]["item"]["arguments"], "");
-    assert_eq!(events[4]["arguments"], call["arguments"]);
+    assert_eq!(events[events.len() - 3]["arguments"], call["arguments"]);
+    assert_eq!(joined_deltas(&events, call["id"].as_str().unwrap()), call["arguments"].as_str().unwrap());
 
     let next = json!({"model": "smollm2-135m-instruct", "tools": tools(), "previous_response_id": response["id"],
         "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "07:00"}],

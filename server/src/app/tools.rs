@@ -530,22 +530,22 @@ impl ToolCallParser {
         self.mode = Mode::Args;
     }
 
-    /// Passes on the arguments as they arrive; at their closing bracket (or
-    /// the end of the output) the call is done.
+    /// Passes on the arguments as they arrive; at their closing bracket the
+    /// call is done. Output that ends inside them (the token limit) leaves
+    /// the call open, so the response closes it as `incomplete`.
     fn step_args(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
         let (n, closed) = self.args.feed(&self.buf);
         let delta: String = self.buf.drain(..n).collect();
         if self.emitting && !delta.is_empty() {
             out.push(MapperInput::FunctionCallArgumentsDelta(delta));
         }
-        if closed || end {
-            if self.emitting {
-                out.push(MapperInput::FunctionCallDone);
-            }
-            self.mode = Mode::AfterArgs;
-            return closed;
+        if closed && self.emitting {
+            out.push(MapperInput::FunctionCallDone);
         }
-        false
+        if closed || end {
+            self.mode = Mode::AfterArgs;
+        }
+        closed
     }
 
     /// Drops the `}` that closes the call object after its arguments.
@@ -733,6 +733,15 @@ mod tests {
         assert_eq!(summary(&p.push("Hello")), ["Hello"]);
         assert_eq!(summary(&p.push(" <tool_")), Vec::<String>::new());
         assert_eq!(summary(&p.push("x")), [" <tool_x"]);
+    }
+
+    #[test]
+    fn a_streamed_call_cut_off_by_the_token_limit_stays_open() {
+        let mut p = parser();
+        let mut inputs = p.push("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par");
+        inputs.extend(p.finish());
+        assert!(matches!(&inputs[0], MapperInput::FunctionCallStarted { name, .. } if name == "get_weather"));
+        assert_eq!(inputs[1..], [MapperInput::FunctionCallArgumentsDelta("{\"city\": \"Par".into())]);
     }
 
     #[test]
