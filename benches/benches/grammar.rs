@@ -9,32 +9,9 @@
 //! `cargo bench -p spindle-benches --bench grammar`
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use serde_json::{json, Value};
-use spindle_engine::grammar::{GrammarCompiler, SharedConstraint};
+use serde_json::json;
+use spindle_engine::grammar::GrammarCompiler;
 use spindle_engine::load::load_model;
-use spindle_server::app::constrain::{constraint_for, CallFormat};
-use spindle_server::protocol::{validate, RequestLimits};
-
-/// Five tools as an agent would declare them.
-pub fn five_tools() -> Value {
-    let object = |props: Value, required: Value| json!({"type": "object", "properties": props, "required": required, "additionalProperties": false});
-    json!([
-        {"type": "function", "name": "get_weather", "parameters": object(json!({"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}), json!(["city"]))},
-        {"type": "function", "name": "search_web", "parameters": object(json!({"query": {"type": "string"}, "max_results": {"type": "integer"}}), json!(["query"]))},
-        {"type": "function", "name": "send_email", "parameters": object(json!({"to": {"type": "string"}, "subject": {"type": "string"}, "body": {"type": "string"}}), json!(["to", "subject", "body"]))},
-        {"type": "function", "name": "create_event", "parameters": object(json!({"title": {"type": "string"}, "date": {"type": "string"}, "attendees": {"type": "array", "items": {"type": "string"}}}), json!(["title", "date"]))},
-        {"type": "function", "name": "convert_currency", "parameters": object(json!({"amount": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}}), json!(["amount", "from", "to"]))},
-    ])
-}
-
-fn constraint(compiler: &GrammarCompiler, extra: Value) -> SharedConstraint {
-    let mut body = json!({"input": "x"});
-    for (k, v) in extra.as_object().into_iter().flatten() {
-        body[k] = v.clone();
-    }
-    let req = validate(body, &RequestLimits::default()).expect("valid request");
-    constraint_for(Some(compiler), CallFormat::Hermes, &req).expect("compiles").expect("constrained")
-}
 
 fn bench(c: &mut Criterion) {
     let Some(path) = spindle_benches::smollm2_path() else {
@@ -48,9 +25,9 @@ fn bench(c: &mut Criterion) {
         "person": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false},
         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}}}, "required": ["person", "tags"], "additionalProperties": false});
     let cases = [
-        ("tools5_required_call", json!({"tools": five_tools(), "tool_choice": "required"}),
+        ("tools5_required_call", json!({"tools": spindle_benches::five_tools(), "tool_choice": "required"}),
          "<tool_call>\n{\"name\": \"send_email\", \"arguments\": {\"to\": \"alice@example.com\", \"subject\": \"Meeting moved\", \"body\": \"Hi Alice, the meeting moved to Friday at 10am. See you there.\"}}\n</tool_call>"),
-        ("tools5_auto_text", json!({"tools": five_tools(), "tool_choice": "auto"}),
+        ("tools5_auto_text", json!({"tools": spindle_benches::five_tools(), "tool_choice": "auto"}),
          "The weather in Lisbon is usually mild in spring, with sunny days and cool evenings. Bring a light jacket."),
         ("json_schema_nested", json!({"text": {"format": {"type": "json_schema", "name": "p", "schema": schema, "strict": true}}}),
          "{\"person\": {\"name\": \"Ada Lovelace\", \"age\": 36}, \"tags\": [\"a\", \"c\", \"b\"]}"),
@@ -62,7 +39,7 @@ fn bench(c: &mut Criterion) {
         let mut logits = vec![0.5f32; vocab];
         group.bench_function(name, |b| {
             b.iter_batched(
-                || constraint(&compiler, extra.clone()),
+                || spindle_benches::request_constraint(&compiler, &extra).expect("constrained"),
                 |shared| {
                     let mut c = shared.lock().expect("lock");
                     for &t in &tokens {

@@ -70,9 +70,16 @@ async fn responses_streams_and_problems_have_the_seed_shapes() {
     let (st, ct, p) = post(&s, &missing, &[]).await;
     assert_problem(st, &ct, &p, 400, "missing_required_parameter");
     let mut schema = body("x");
-    schema["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}});
+    let flag = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false});
+    schema["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": flag}});
+    let (st, _, r) = post(&s, &schema, &[]).await;
+    assert_eq!(st, 200, "{r}");
+    let text = r["output"][0]["content"][0]["text"].as_str().unwrap();
+    let doc: Value = serde_json::from_str(text).expect("structured output parses");
+    assert!(doc["ok"].is_boolean() && doc.as_object().unwrap().len() == 1, "{doc}");
+    schema["response_format"] = json!({"type": "xml"});
     let (st, ct, p) = post(&s, &schema, &[]).await;
-    assert_problem(st, &ct, &p, 400, "unsupported_capability");
+    assert_problem(st, &ct, &p, 400, "invalid_value");
     let (st, ct, p) = post(&s, &body("x"), &[("LMSP-Version", "2.0")]).await;
     assert_problem(st, &ct, &p, 400, "unsupported_version");
 

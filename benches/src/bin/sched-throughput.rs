@@ -3,6 +3,11 @@
 //! when the previous one finishes). In-process, no HTTP.
 //!
 //! `cargo run --release -p spindle-benches --bin sched-throughput -- [levels] [requests-per-level] [output-len]`
+//!
+//! `SPINDLE_BENCH_GRAMMAR=tools-auto` (five tools, `tool_choice: auto`: free
+//! text under the tool grammar) or `=json` (an unbounded JSON array of
+//! strings) decodes every request under that grammar, to measure constrained
+//! decoding's cost on the same load.
 
 use spindle_engine::load::load_model;
 use spindle_engine::runner::ModelRunner;
@@ -34,6 +39,15 @@ fn main() -> anyhow::Result<()> {
         // The same prompts, as token ids, for driving another server side by side.
         std::fs::write(path, serde_json::to_string(&prompts)?)?;
     }
+    let grammar = grammar_fields()?;
+    let compiler = match &grammar {
+        Some(_) => Some(spindle_engine::grammar::GrammarCompiler::new(&m.tokenizer, m.model.config().vocab_size)?),
+        None => None,
+    };
+    let make_constraint = || match (&compiler, &grammar) {
+        (Some(c), Some(fields)) => spindle_benches::request_constraint(c, fields),
+        _ => None,
+    };
     let handle = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer);
     println!("| concurrency | requests | output tok/s | mean tok/s per stream | wall s |");
     println!("| --- | --- | --- | --- | --- |");
@@ -48,7 +62,7 @@ fn main() -> anyhow::Result<()> {
                         let mut tokens = 0;
                         let mut rates = 0.0;
                         while let Some(p) = queue.lock().ok().and_then(|mut q| q.pop()) {
-                            let (n, rate) = run_one(&handle, p, output_len);
+                            let (n, rate) = run_one(&handle, p, output_len, make_constraint());
                             tokens += n;
                             rates += rate;
                         }
@@ -66,14 +80,30 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The request fields of `SPINDLE_BENCH_GRAMMAR` (see the module docs).
+fn grammar_fields() -> anyhow::Result<Option<serde_json::Value>> {
+    match std::env::var("SPINDLE_BENCH_GRAMMAR").ok().as_deref() {
+        None | Some("") | Some("none") => Ok(None),
+        Some("tools-auto") => Ok(Some(serde_json::json!({"tools": spindle_benches::five_tools(), "tool_choice": "auto"}))),
+        Some("json") => Ok(Some(serde_json::json!({"text": {"format": {"type": "json_schema", "name": "list",
+            "schema": {"type": "array", "items": {"type": "string"}}, "strict": true}}}))),
+        Some(other) => anyhow::bail!("SPINDLE_BENCH_GRAMMAR={other}: expected none, tools-auto or json"),
+    }
+}
+
 /// Run one request to the end: (output tokens, its own decode tok/s).
-fn run_one(handle: &SchedulerHandle, prompt: Vec<u32>, output_len: usize) -> (usize, f64) {
+fn run_one(
+    handle: &SchedulerHandle,
+    prompt: Vec<u32>,
+    output_len: usize,
+    constraint: Option<spindle_engine::grammar::SharedConstraint>,
+) -> (usize, f64) {
     let request = GenerationRequest {
         prompt,
         sampling: SamplingParams::default(),
         stop: StopConditions { max_tokens: output_len, ..StopConditions::default() },
         cache_salt: None,
-        constraint: None,
+        constraint,
     };
     let Ok(mut stream) = handle.submit(request) else { return (0, 0.0) };
     let mut first = None;

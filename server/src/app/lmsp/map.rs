@@ -22,22 +22,14 @@ pub fn request_to_engine(body: &Value) -> Result<Value, Problem> {
                 .into());
         }
     }
-    match obj.get("response_format").and_then(|f| f["type"].as_str()) {
-        None | Some("text") => {}
-        Some("json_schema") => {
-            return Err(ApiError::unsupported_capability(
-                "response_format",
-                "Structured output (the structured_output capability) is not available on this server.",
-            )
-            .into())
-        }
-        Some(other) => return Err(ApiError::invalid("response_format.type", format!("Unknown response_format type '{other}'.")).into()),
-    }
     let mut out = Map::new();
     for key in FIELDS {
         if let Some(v) = obj.get(*key) {
             out.insert((*key).to_string(), v.clone());
         }
+    }
+    if let Some(format) = structured_output(obj.get("response_format"))? {
+        out.insert("text".into(), json!({"format": format}));
     }
     out.entry("store").or_insert(json!(false));
     // Spindle's one extension: generate to the token limit (load testing).
@@ -45,6 +37,24 @@ pub fn request_to_engine(body: &Value) -> Result<Value, Problem> {
         out.insert("ignore_eos".into(), json!(ignore_eos));
     }
     Ok(Value::Object(out))
+}
+
+/// LMSP's `response_format` as an Open Responses `text.format` (`None` for
+/// text). JSON Schemas are enforced strictly (the structured_output capability).
+fn structured_output(format: Option<&Value>) -> Result<Option<Value>, Problem> {
+    let Some(format) = format.filter(|f| !f.is_null()) else { return Ok(None) };
+    match format["type"].as_str() {
+        None | Some("text") => Ok(None),
+        Some("json_schema") => {
+            let spec = &format["json_schema"];
+            if !spec["schema"].is_object() {
+                return Err(ApiError::invalid("response_format.json_schema.schema", "A JSON Schema object is required.").into());
+            }
+            let name = spec["name"].as_str().unwrap_or("response");
+            Ok(Some(json!({"type": "json_schema", "name": name, "schema": spec["schema"], "strict": true})))
+        }
+        Some(other) => Err(ApiError::invalid("response_format.type", format!("Unknown response_format type '{other}'.")).into()),
+    }
 }
 
 /// An Open Responses response object in LMSP's shape.
@@ -128,8 +138,10 @@ mod tests {
         let body = json!({"model": "m", "input": "hi", "response_format": {"type": "text"}, "extensions": {"x": 1}, "foo": 2});
         let mapped = request_to_engine(&body).unwrap();
         assert_eq!(mapped, json!({"model": "m", "input": "hi", "store": false}));
-        let schema = json!({"model": "m", "input": "hi", "response_format": {"type": "json_schema", "json_schema": {}}});
-        assert_eq!(request_to_engine(&schema).unwrap_err().code(), "unsupported_capability");
+        let schema = json!({"model": "m", "input": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}});
+        assert_eq!(request_to_engine(&schema).unwrap()["text"], json!({"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}, "strict": true}}));
+        let no_schema = json!({"model": "m", "input": "hi", "response_format": {"type": "json_schema", "json_schema": {}}});
+        assert_eq!(request_to_engine(&no_schema).unwrap_err().0.param.as_deref(), Some("response_format.json_schema.schema"));
         assert_eq!(request_to_engine(&json!({"input": "hi"})).unwrap_err().0.param.as_deref(), Some("model"));
     }
 

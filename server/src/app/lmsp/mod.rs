@@ -17,4 +17,4 @@ pub use handlers::{capabilities, create, retrieve};
 pub const LMSP_VERSION: &str = "1.0";
 
 /// Capabilities this server declares (checked on every request).
-pub const CAPABILITIES: &[&str] = &["text", "streaming", "tools", "conversations", "tasks"];
+pub const CAPABILITIES: &[&str] = &["text", "streaming", "tools", "structured_output", "conversations", "tasks"];
