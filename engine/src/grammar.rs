@@ -69,7 +69,7 @@ impl GrammarCompiler {
 
     fn compile(&self, grammar: TopLevelGrammar) -> Result<Constraint, GrammarError> {
         let parser = self.factory.create_parser(grammar).map_err(|e| GrammarError::Invalid(e.to_string()))?;
-        Ok(Constraint { matcher: Matcher::new(Ok(parser)), eos: self.eos.clone() })
+        Ok(Constraint { matcher: Matcher::new(Ok(parser)), eos: self.eos.clone(), gate: None })
     }
 }
 
@@ -77,6 +77,25 @@ impl GrammarCompiler {
 pub struct Constraint {
     matcher: Matcher,
     eos: Vec<u32>,
+    gate: Option<ThinkGate>,
+}
+
+/// A thinking model's reasoning is free; the grammar starts after it.
+#[derive(Debug, Clone, Copy)]
+struct ThinkGate {
+    open: u32,
+    close: u32,
+    phase: GatePhase,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GatePhase {
+    /// First token: `open` starts a reasoning block, anything else is the answer.
+    Undecided,
+    /// Inside the reasoning: no mask until `close`.
+    Thinking,
+    /// The grammar applies.
+    Answer,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -89,6 +108,16 @@ impl std::fmt::Debug for Constraint {
 pub type SharedConstraint = Arc<Mutex<Constraint>>;
 
 impl Constraint {
+    /// Applies the grammar only to the answer of a thinking model: the
+    /// tokens from `open` through `close` are unconstrained (the first token
+    /// may be `open` or a token the grammar allows). `starts_inside` when
+    /// the prompt already ends with `open`.
+    pub fn after_thinking(mut self, open: u32, close: u32, starts_inside: bool) -> Self {
+        let phase = if starts_inside { GatePhase::Thinking } else { GatePhase::Undecided };
+        self.gate = Some(ThinkGate { open, close, phase });
+        self
+    }
+
     /// Shares this constraint (see [`SharedConstraint`]).
     pub fn shared(self) -> SharedConstraint {
         Arc::new(Mutex::new(self))
@@ -115,13 +144,38 @@ impl Constraint {
 
     /// Sets the logits of every token the grammar forbids to `-inf`.
     pub fn mask_logits(&mut self, logits: &mut [f32]) {
-        let allowed = self.allowed();
+        let phase = self.gate.map(|g| g.phase);
+        if phase == Some(GatePhase::Thinking) {
+            return;
+        }
+        let mut allowed = self.allowed();
+        if let (Some(GatePhase::Undecided), Some(gate)) = (phase, self.gate) {
+            if (gate.open as usize) < allowed.len() {
+                allowed.allow_token(gate.open);
+            }
+        }
         apply_mask(&allowed, logits);
     }
 
     /// Advances past a sampled token. EOS (or any token) after the grammar
     /// finished is ignored; a token the mask did not allow is an error.
     pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        if let Some(gate) = &mut self.gate {
+            match gate.phase {
+                GatePhase::Undecided if token == gate.open => {
+                    gate.phase = GatePhase::Thinking;
+                    return Ok(());
+                }
+                GatePhase::Undecided => gate.phase = GatePhase::Answer,
+                GatePhase::Thinking => {
+                    if token == gate.close {
+                        gate.phase = GatePhase::Answer;
+                    }
+                    return Ok(());
+                }
+                GatePhase::Answer => {}
+            }
+        }
         if self.matcher.is_stopped() {
             return Ok(());
         }

@@ -84,3 +84,29 @@ fn text_may_run_up_to_a_lazy_suffix_and_continue_under_the_grammar() {
         assert_eq!(follows(&mut c, &tok, text), ok, "{text:?}");
     }
 }
+
+#[test]
+fn a_thinking_gate_leaves_the_reasoning_free_and_constrains_the_answer() {
+    let (g, tok) = compiler();
+    let think = tok.token_to_id("<think>").unwrap();
+    let close = 7u32; // any token id stands in for `</think>` here
+    let mut c = g.compile_lark("start: \"ab\"").unwrap().after_thinking(think, close, false);
+    let mut logits = vec![0.0f32; tok.vocab_size() + 5];
+    c.mask_logits(&mut logits);
+    assert!(logits[think as usize].is_finite(), "the first token may open the reasoning");
+    c.accept(think).unwrap();
+    let mut free = vec![0.0f32; tok.vocab_size() + 5];
+    c.mask_logits(&mut free);
+    assert!(free.iter().all(|l| l.is_finite()), "no mask while thinking");
+    c.accept(100).unwrap();
+    c.accept(close).unwrap();
+    assert!(follows(&mut c, &tok, "ab"));
+    assert!(c.is_accepting());
+
+    let mut direct = g.compile_lark("start: \"ab\"").unwrap().after_thinking(think, close, false);
+    assert!(follows(&mut direct, &tok, "ab"), "without reasoning the grammar applies from the first token");
+    let mut inside = g.compile_lark("start: \"ab\"").unwrap().after_thinking(think, close, true);
+    inside.accept(100).unwrap();
+    inside.accept(close).unwrap();
+    assert!(follows(&mut inside, &tok, "ab"));
+}

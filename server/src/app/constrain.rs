@@ -19,6 +19,7 @@ use crate::protocol::request::ValidRequest;
 use crate::protocol::{FunctionTool, SpecificToolChoice, TextFormat, ToolChoice, ToolChoiceMode};
 use serde_json::{json, Value};
 use spindle_engine::chat_template::ChatTemplate;
+use super::reasoning::ThinkTags;
 use spindle_engine::grammar::{GrammarCompiler, SharedConstraint};
 
 /// How a model writes tool calls.
@@ -48,6 +49,18 @@ pub fn constraint_for(
     format: CallFormat,
     req: &ValidRequest,
 ) -> Result<Option<SharedConstraint>, ApiError> {
+    constraint_after_thinking(compiler, format, req, None)
+}
+
+/// [`constraint_for`] for a thinking model: the reasoning (`think`'s tags;
+/// `true` when the prompt already opened it) stays free, the grammar applies
+/// to the answer, which may start with whitespace.
+pub fn constraint_after_thinking(
+    compiler: Option<&GrammarCompiler>,
+    format: CallFormat,
+    req: &ValidRequest,
+    think: Option<(ThinkTags, bool)>,
+) -> Result<Option<SharedConstraint>, ApiError> {
     let Some(plan) = Plan::of(req) else { return Ok(None) };
     let compiler = compiler.ok_or_else(|| {
         ApiError::unsupported_capability("tool_choice", "Constrained decoding is not available for this model's tokenizer.")
@@ -67,8 +80,14 @@ pub fn constraint_for(
             }
         }
     }
-    let lark = plan.lark(format, &args);
-    let constraint = compiler.compile_lark(&lark).map_err(|e| ApiError::internal(format!("grammar: {e}")))?;
+    let mut lark = plan.lark(format, &args);
+    if think.is_some() {
+        lark = lead_whitespace(&lark);
+    }
+    let mut constraint = compiler.compile_lark(&lark).map_err(|e| ApiError::internal(format!("grammar: {e}")))?;
+    if let Some((tags, starts_inside)) = think {
+        constraint = constraint.after_thinking(tags.open, tags.close, starts_inside);
+    }
     Ok(Some(constraint.shared()))
 }
 
@@ -187,6 +206,17 @@ impl<'a> Plan<'a> {
     }
 }
 
+/// The grammar with optional whitespace before its start (after `</think>`).
+fn lead_whitespace(lark: &str) -> String {
+    match lark.split_once('\n') {
+        Some((start, rest)) => {
+            let body = start.trim_start_matches("start:").trim();
+            format!("start: LEAD_WS? ({body})\n{rest}LEAD_WS: /[ \\t\\n]+/\n")
+        }
+        None => lark.to_string(),
+    }
+}
+
 /// A tool's argument schema (`{"type":"object"}` when it has none).
 fn tool_schema(tool: &FunctionTool) -> Value {
     match &tool.parameters {
@@ -255,6 +285,12 @@ mod tests {
         assert!(lark.contains("(\"\\n\" call){0,2}"), "{lark}");
         assert!(lark.contains("{\\\"name\\\": \\\"a\\\", \\\"arguments\\\": \""), "{lark}");
         assert!(!lark.contains("\\\"b\\\""), "b is not allowed: {lark}");
+    }
+
+    #[test]
+    fn thinking_models_may_lead_the_answer_with_whitespace() {
+        let lark = "start: calls\ncall: x\n";
+        assert_eq!(lead_whitespace(lark), "start: LEAD_WS? (calls)\ncall: x\nLEAD_WS: /[ \\t\\n]+/\n");
     }
 
     #[test]

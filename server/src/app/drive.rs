@@ -1,6 +1,7 @@
 //! Driving one generation: scheduler events through the protocol mapper into
 //! SSE frames (streaming) or the final object (JSON), metrics, and the store.
 
+use super::reasoning::ReasoningSplitter;
 use super::sse;
 use super::state::AppState;
 use super::tools::{route_all, ToolCallParser};
@@ -22,6 +23,8 @@ pub struct Persist {
     pub input_items: Vec<Value>,
     /// Background mode.
     pub background: bool,
+    /// Splits a thinking model's output into reasoning and answer.
+    pub reasoning: Option<super::reasoning::ReasoningSplitter>,
 }
 
 /// Run the generation to its end. With a `sink`, every event is sent as an
@@ -33,8 +36,9 @@ pub async fn drive(
     mut stream: EventStream,
     mut mapper: ResponseMapper,
     sink: Option<Sink>,
-    persist: Persist,
+    mut persist: Persist,
 ) -> Value {
+    let mut reasoning = persist.reasoning.take();
     let mut events: Vec<Value> = Vec::new();
     let mut timing = Timing::new();
     let deadline = tokio::time::Instant::now() + state.limits.request_timeout;
@@ -66,7 +70,7 @@ pub async fn drive(
                 flag.store(true, std::sync::atomic::Ordering::Release);
             }
         }
-        for input in route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state)) {
+        for input in route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut())) {
             let out = mapper.push(input);
             if terminal && persist.store {
                 // Held back until the response is stored: a client that
@@ -186,29 +190,39 @@ impl Timing {
     }
 }
 
-fn to_mapper_inputs(event: GenerationEvent, timing: &mut Timing, state: &AppState) -> Vec<MapperInput> {
+fn to_mapper_inputs(
+    event: GenerationEvent,
+    timing: &mut Timing,
+    state: &AppState,
+    mut reasoning: Option<&mut ReasoningSplitter>,
+) -> Vec<MapperInput> {
     match event {
         GenerationEvent::Started { cached_tokens } => vec![MapperInput::Started { cached_tokens }],
-        GenerationEvent::Delta { text, .. } => {
+        GenerationEvent::Delta { text, token } => {
             let now = Instant::now();
             match timing.last {
                 None => state.metrics.ttft((now - timing.start).as_secs_f64()),
                 Some(prev) => state.metrics.itl((now - prev).as_secs_f64()),
             }
             timing.last = Some(now);
-            if text.is_empty() {
-                Vec::new()
-            } else {
-                vec![MapperInput::TextDelta(text)]
+            match reasoning {
+                Some(r) => r.token(token.id, text),
+                None if text.is_empty() => Vec::new(),
+                None => vec![MapperInput::TextDelta(text)],
             }
         }
         GenerationEvent::Finished { reason, text, usage } => {
             state.metrics.tokens(usage.input_tokens, usage.cached_tokens, usage.output_tokens);
-            let mut inputs = Vec::new();
-            if !text.is_empty() {
-                inputs.push(MapperInput::TextDelta(text));
-            }
-            inputs.push(MapperInput::Finished { reason: FinishKind::from(&reason), usage: UsageCounts::from(usage) });
+            let mut counts = UsageCounts::from(usage);
+            let mut inputs = match reasoning {
+                Some(r) => {
+                    counts.reasoning_tokens = r.reasoning_tokens();
+                    r.flush(text)
+                }
+                None if text.is_empty() => Vec::new(),
+                None => vec![MapperInput::TextDelta(text)],
+            };
+            inputs.push(MapperInput::Finished { reason: FinishKind::from(&reason), usage: counts });
             inputs
         }
         GenerationEvent::Failed { message } => vec![MapperInput::Failed { message }],

@@ -8,6 +8,7 @@ pub mod lmsp;
 pub mod error;
 pub mod metrics;
 pub mod ops;
+pub mod reasoning;
 pub mod responses;
 pub mod seal;
 pub mod sse;

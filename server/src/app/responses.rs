@@ -1,6 +1,7 @@
 //! `/v1/responses` handlers.
 
 use super::drive::{drive, Persist, Sink};
+use super::reasoning::ReasoningSplitter;
 use super::sse;
 use super::state::AppState;
 use super::turn;
@@ -94,10 +95,12 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
         }
     };
     let prepared = turn::prepare(state, &req, history)?;
+    let opens_thinking = turn::prompt_opens_thinking(state, &prepared.prompt);
     let stream = turn::submit(state, &req, prepared.prompt)?;
     let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
     let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
-    let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background };
+    let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
+    let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning };
     Ok(StartedTurn { req, stream, mapper, persist, id, history: prepared.history })
 }
 

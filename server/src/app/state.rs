@@ -28,6 +28,8 @@ pub struct ModelInfo {
     pub grammar: Option<spindle_engine::grammar::GrammarCompiler>,
     /// How the chat template writes tool calls.
     pub call_format: super::constrain::CallFormat,
+    /// The reasoning tags of a thinking model (`None`: answers only).
+    pub think_tags: Option<super::reasoning::ThinkTags>,
 }
 
 impl ModelInfo {
@@ -42,7 +44,8 @@ impl ModelInfo {
             }
         };
         let call_format = super::constrain::CallFormat::of(&template);
-        Self { name, tokenizer, template, context_length, created, grammar, call_format }
+        let think_tags = super::reasoning::ThinkTags::of(&tokenizer, &template);
+        Self { name, tokenizer, template, context_length, created, grammar, call_format, think_tags }
     }
 }
 

@@ -136,6 +136,12 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<
         logprobs: s.top_logprobs.is_some(),
     };
     let max_tokens = req.max_output_tokens.map_or(state.limits.max_output_tokens, |m| m as usize);
+    let constraint = super::constrain::constraint_after_thinking(
+        state.model.grammar.as_ref(),
+        state.model.call_format,
+        req,
+        state.model.think_tags.map(|t| (t, prompt_opens_thinking(state, &prompt))),
+    )?;
     let request = GenerationRequest {
         prompt,
         sampling,
@@ -145,9 +151,14 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<
             ..StopConditions::default()
         },
         cache_salt: req.prompt_cache_key.clone(),
-        constraint: super::constrain::constraint_for(state.model.grammar.as_ref(), state.model.call_format, req)?,
+        constraint,
     };
     state.scheduler.submit(request).map_err(submit_error)
+}
+
+/// Whether the prompt ends inside a reasoning block (R1-style templates).
+pub fn prompt_opens_thinking(state: &AppState, prompt: &[u32]) -> bool {
+    state.model.think_tags.is_some_and(|t| prompt.last() == Some(&t.open))
 }
 
 fn submit_error(e: SubmitError) -> ApiError {
