@@ -37,7 +37,19 @@ pub async fn start_custom(
         println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
         return None;
     };
-    let m = load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("model");
+    Some(start_model(&path.to_string_lossy(), "smollm2-135m-instruct", keys, limits, blocks, wrap).await)
+}
+
+/// A server on the model at `path` (a GGUF file or an HF directory), served as `name`.
+pub async fn start_model(
+    path: &str,
+    name: &str,
+    keys: Vec<String>,
+    limits: Limits,
+    blocks: usize,
+    wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
+) -> Server {
+    let m = load_model(path, &mut |_, _| {}).expect("model");
     let config = SchedulerConfig { num_blocks: blocks, context_length: m.model.config().context_length, ..SchedulerConfig::default() };
     let context_length = config.context_length;
     let vocab_size = m.model.config().vocab_size;
@@ -49,7 +61,7 @@ pub async fn start_custom(
         sealer: spindle_server::app::seal::Sealer::random(),
         idempotency: Default::default(),
         tasks: Default::default(),
-        model: ModelInfo::new("smollm2-135m-instruct".into(), m.tokenizer, m.template, context_length, vocab_size, 0),
+        model: ModelInfo::new(name.into(), m.tokenizer, m.template, context_length, vocab_size, 0),
         store: wrap(store),
         keys: ApiKeys::new(keys),
         limits,
@@ -64,5 +76,5 @@ pub async fn start_custom(
         let _ = tcp.set_nodelay(true);
     });
     tokio::spawn(async move { axum::serve(listener, router).await });
-    Some(Server { base, state, _dir: dir })
+    Server { base, state, _dir: dir }
 }

@@ -1,0 +1,90 @@
+//! A thinking model end to end: a tiny random Qwen3-shaped model whose
+//! vocabulary has `<think>`/`</think>` as single tokens and whose template
+//! uses them. Under a `json_schema` format the first token may open a
+//! reasoning block (free text, no grammar) or start the JSON; after
+//! `</think>` the grammar applies. Over seeded sampled requests: every
+//! response that reasons has a `reasoning` item first (streamed as
+//! `response.reasoning.delta`) and its `reasoning_tokens` counted, and every
+//! completed answer parses under the schema.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use serde_json::{json, Value};
+use spindle_server::app::Limits;
+use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyModelOptions};
+use std::path::Path;
+use std::sync::Arc;
+
+const TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}{%- if message['role'] == 'assistant' and message.reasoning_content %}{{- '<think>' + message.reasoning_content + '</think>' }}{%- endif %}{{- message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/// Renames the first two reserved tokens to `<think>`/`</think>` (not
+/// special, so they decode as text) and installs [`TEMPLATE`].
+fn make_thinking(dir: &Path) {
+    let rename = |v: &mut Value| {
+        for (from, to) in [("<|reserved_0|>", "<think>"), ("<|reserved_1|>", "</think>")] {
+            if v["content"] == from {
+                v["content"] = json!(to);
+                v["special"] = json!(false);
+            }
+        }
+    };
+    let path = dir.join("tokenizer.json");
+    let mut tok: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    tok["added_tokens"].as_array_mut().unwrap().iter_mut().for_each(rename);
+    std::fs::write(&path, tok.to_string()).unwrap();
+    let path = dir.join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["added_tokens_decoder"].as_object_mut().unwrap().values_mut().for_each(rename);
+    config["chat_template"] = json!(TEMPLATE);
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
+#[tokio::test]
+async fn reasoning_is_a_separate_item_and_the_grammar_applies_to_the_answer_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("thinker");
+    write_tiny_model(&TinyModelOptions::new(TinyArch::Qwen3), &dir).unwrap();
+    make_thinking(&dir);
+    let s = common::start_model(dir.to_str().unwrap(), "thinker", vec![], Limits::default(), 256, |s| Arc::new(s)).await;
+    assert!(s.state.model.think_tags.is_some(), "the tags are single tokens and the template uses them");
+
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false});
+    let (mut reasoned, mut direct) = (0, 0);
+    for seed in 0..40 {
+        let body = json!({"model": "thinker", "input": "Is it ok?", "max_output_tokens": 160, "temperature": 1.0, "top_k": 0,
+                          "top_p": 1.0, "min_p": 0.0, "seed": seed, "stream": true,
+                          "text": {"format": {"type": "json_schema", "name": "ok", "schema": schema, "strict": true}}});
+        let text = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().text().await.unwrap();
+        let events: Vec<Value> = text.split("\n\n").filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
+            .filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+        let response = &events.last().unwrap()["response"];
+        let output = response["output"].as_array().unwrap();
+        let reasoning_tokens = response["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+        let message = output.iter().find(|i| i["type"] == "message");
+        if output[0]["type"] == "reasoning" {
+            let text = output[0]["content"][0]["text"].as_str().unwrap_or("");
+            // (A random model may sample `<think>` again inside; only the tags that open and close it are dropped.)
+            assert!(!text.starts_with("<think>") && !text.contains("</think>"), "the tags are not part of the reasoning: {text:?}");
+            assert!(reasoning_tokens >= 1 && reasoning_tokens <= response["usage"]["output_tokens"].as_u64().unwrap());
+            assert!(events.iter().any(|e| e["type"] == "response.reasoning.delta") || text.is_empty());
+            if let Some(m) = message.filter(|_| response["status"] == "completed") {
+                let answer = m["content"][0]["text"].as_str().unwrap();
+                let doc: Value = serde_json::from_str(answer).unwrap_or_else(|e| panic!("seed {seed}: {e}: {answer:?}"));
+                assert!(doc["ok"].is_boolean(), "{doc}");
+                reasoned += 1;
+            }
+        } else {
+            assert_eq!(reasoning_tokens, 0);
+            let m = message.unwrap();
+            if response["status"] == "completed" {
+                let doc: Value = serde_json::from_str(m["content"][0]["text"].as_str().unwrap()).unwrap();
+                assert!(doc["ok"].is_boolean(), "{doc}");
+                direct += 1;
+            }
+        }
+    }
+    println!("thinking model: {reasoned} answers after reasoning, {direct} without, of 40 seeds");
+    assert!(reasoned >= 1, "no seed reasoned and then answered under the grammar");
+    assert!(direct >= 1, "no seed answered directly under the grammar");
+}
