@@ -19,6 +19,12 @@ fi
 export SPINDLE_PY_VENV="$py_venv"
 echo "python venv: $SPINDLE_PY_VENV ($("$py_venv/bin/python" -c 'import openai; print("openai", openai.__version__)'))"
 
+# nvcc 13.0 from pinned PyPI wheels into .venv-cuda, so the CUDA kernels
+# compile (for sm_90a) on every run, GPU or not.
+scripts/install-nvcc.sh >/dev/null
+
 mkdir -p target
 # [profile.test] is opt-level 3, so model tests run at full speed.
 cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.log
+# The kernels crate with its CUDA kernels compiled and embedded.
+cargo test -p spindle-kernels --features cuda 2>&1 | tee -a target/test-output.log

@@ -1,5 +1,55 @@
-//! CUDA kernels for Spindle.
+//! Spindle's CUDA kernels. With the `cuda` feature, build.rs compiles
+//! `kernels/cuda/*.cu` with nvcc 13.0 into a cubin for sm_90a (H100/H200)
+//! and PTX for compute_90, and [`MODULES`] embeds them, so the binary needs
+//! only the driver at run time. Without the feature the crate is empty.
 //!
-//! With the `cuda` feature off (the default) this crate is empty, so the whole
-//! workspace builds on machines without a CUDA toolkit. The CUDA backend issue
-//! adds the `.cu` sources, the nvcc build script and typed launchers here.
+//! Kernels so far (bf16 data, f32 math): `add_rmsnorm_bf16` (RMSNorm with
+//! the residual add fused), `silu_mul_bf16`, `embedding_bf16`,
+//! `rope_neox_bf16`, launched through [`device::Gpu`] and checked against CPU
+//! references by `tests/gpu_kernels.rs` on a machine with a GPU. The engine's
+//! CUDA backend that uses them is not built yet.
+
+/// One compiled `.cu` file.
+#[derive(Debug, Clone, Copy)]
+pub struct Module {
+    /// The file's stem (`norm` for `norm.cu`).
+    pub name: &'static str,
+    /// SASS for sm_90a.
+    pub cubin: &'static [u8],
+    /// PTX for compute_90 (the driver JITs it on newer GPUs).
+    pub ptx: &'static str,
+    /// The `extern "C"` kernels it defines.
+    pub functions: &'static [&'static str],
+}
+
+#[cfg(feature = "cuda")]
+include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+
+#[cfg(feature = "cuda")]
+pub mod device;
+
+/// The compiled kernel files (none without the `cuda` feature).
+#[cfg(not(feature = "cuda"))]
+pub const MODULES: &[Module] = &[];
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+
+    /// Every kernel compiled: SASS for sm_90a, and PTX of ISA 9.0 (what the
+    /// H200's driver 580 can load; a newer nvcc would write a newer ISA).
+    #[test]
+    fn every_kernel_is_embedded_as_sm90a_sass_and_isa_9_0_ptx() {
+        let mut names: Vec<&str> = MODULES.iter().flat_map(|m| m.functions.iter().copied()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["add_rmsnorm_bf16", "embedding_bf16", "rope_neox_bf16", "silu_mul_bf16"]);
+        for m in MODULES {
+            assert_eq!(&m.cubin[..4], b"\x7fELF", "{}: cubin is an ELF image", m.name);
+            assert!(m.ptx.contains(".version 9.0"), "{}: PTX ISA must stay 9.0", m.name);
+            assert!(m.ptx.contains(".target sm_90"), "{}", m.name);
+            for f in m.functions {
+                assert!(m.ptx.contains(&format!(".entry {f}(")), "{}: {f} missing from the PTX", m.name);
+            }
+        }
+    }
+}

@@ -194,7 +194,7 @@ fn to_mapper_inputs(
     event: GenerationEvent,
     timing: &mut Timing,
     state: &AppState,
-    mut reasoning: Option<&mut ReasoningSplitter>,
+    reasoning: Option<&mut ReasoningSplitter>,
 ) -> Vec<MapperInput> {
     match event {
         GenerationEvent::Started { cached_tokens } => vec![MapperInput::Started { cached_tokens }],

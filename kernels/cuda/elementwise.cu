@@ -1,0 +1,46 @@
+// Element-wise kernels: SiLU-and-multiply, embedding gather, rotary embedding.
+#include "common.cuh"
+
+// out[i] = silu(gate[i]) * up[i] over `n` values (grid-stride).
+extern "C" __global__ void silu_mul_bf16(bf16* __restrict__ out, const bf16* __restrict__ gate,
+                                         const bf16* __restrict__ up, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float g = to_f32(gate[i]);
+        out[i] = to_bf16(g / (1.0f + __expf(-g)) * to_f32(up[i]));
+    }
+}
+
+// out[row, :] = table[ids[row], :] for `rows` rows of `dim` values; one block
+// per row. An id outside the vocabulary gives a row of zeros (the engine
+// rejects such ids before they get here).
+extern "C" __global__ void embedding_bf16(bf16* __restrict__ out, const bf16* __restrict__ table,
+                                          const unsigned int* __restrict__ ids, int dim, unsigned int vocab) {
+    const size_t row = blockIdx.x;
+    const unsigned int id = ids[row];
+    bf16* orow = out + row * dim;
+    const bf16* trow = table + (size_t)id * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        orow[i] = id < vocab ? trow[i] : to_bf16(0.0f);
+    }
+}
+
+// Rotary embedding in place, rotate-half (GPT-NeoX / HF Llama) layout:
+// x is [tokens, heads, head_dim]; position p rotates pair (i, i + head_dim/2)
+// by p * theta^(-2i/head_dim). One block per (token, head).
+extern "C" __global__ void rope_neox_bf16(bf16* __restrict__ x, const int* __restrict__ positions,
+                                          int heads, int head_dim, float theta) {
+    const int token = blockIdx.x / heads;
+    const int head = blockIdx.x % heads;
+    bf16* v = x + ((size_t)token * heads + head) * head_dim;
+    const int half = head_dim / 2;
+    const float pos = (float)positions[token];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float inv_freq = powf(theta, -2.0f * (float)i / (float)head_dim);
+        float s, c;
+        sincosf(pos * inv_freq, &s, &c);
+        const float a = to_f32(v[i]);
+        const float b = to_f32(v[i + half]);
+        v[i] = to_bf16(a * c - b * s);
+        v[i + half] = to_bf16(b * c + a * s);
+    }
+}

@@ -1,0 +1,158 @@
+//! The kernels on a CUDA device (feature `cuda`): a context on one GPU with
+//! the embedded cubins loaded, and a typed launch for each kernel. The
+//! driver is loaded at run time; without one, [`Gpu::open`] returns
+//! [`CudaError::NoDriver`] instead of panicking (cudarc would panic).
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use half::bf16;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Why the GPU cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// libcuda.so could not be loaded.
+    #[error("no CUDA driver: libcuda.so could not be loaded (no NVIDIA GPU or driver on this machine)")]
+    NoDriver,
+    /// The ordinal is past the devices present.
+    #[error("no CUDA device {asked}: {present} present")]
+    NoDevice {
+        /// The ordinal asked for.
+        asked: usize,
+        /// How many devices the driver reports.
+        present: i32,
+    },
+    /// A driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] DriverError),
+    /// A kernel is not in the embedded modules.
+    #[error("kernel `{0}` is not embedded")]
+    MissingKernel(&'static str),
+    /// Sizes that do not fit the kernel's integer arguments.
+    #[error("size {0} is too large for this kernel")]
+    TooLarge(usize),
+}
+
+/// Whether the CUDA driver library can be loaded (never panics).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda; no driver call is made.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// One GPU with Spindle's kernels loaded.
+#[derive(Debug)]
+pub struct Gpu {
+    /// The device context.
+    pub ctx: Arc<CudaContext>,
+    /// The stream kernels are launched on.
+    pub stream: Arc<CudaStream>,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+fn int(n: usize) -> Result<i32, CudaError> {
+    i32::try_from(n).map_err(|_| CudaError::TooLarge(n))
+}
+
+/// Threads per block for a row of `n` values (a multiple of 32, 32..=1024).
+fn row_block(n: usize) -> u32 {
+    (n.clamp(1, 1024).div_ceil(32) * 32) as u32
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and loads the embedded kernels.
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        let present = CudaContext::device_count()?;
+        if i32::try_from(ordinal).map_or(true, |o| o >= present) {
+            return Err(CudaError::NoDevice { asked: ordinal, present });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.default_stream();
+        let mut functions = HashMap::new();
+        for m in crate::MODULES {
+            let module = ctx.load_module(Ptx::from_binary(m.cubin.to_vec()))?;
+            for &f in m.functions {
+                functions.insert(f, module.load_function(f)?);
+            }
+        }
+        Ok(Self { ctx, stream, functions })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> Result<String, CudaError> {
+        Ok(self.ctx.name()?)
+    }
+
+    fn function(&self, name: &'static str) -> Result<&CudaFunction, CudaError> {
+        self.functions.get(name).ok_or(CudaError::MissingKernel(name))
+    }
+
+    /// `out = rmsnorm(x) * weight` over `rows` rows of `n`; with `residual`,
+    /// first `residual += x` (stored as bf16) and normalize that.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rmsnorm(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        residual: Option<&mut CudaSlice<bf16>>,
+        x: &CudaSlice<bf16>,
+        weight: &CudaSlice<bf16>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let f = self.function("add_rmsnorm_bf16")?;
+        let (n32, null) = (int(n)?, 0u64);
+        let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (row_block(n), 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(out);
+        match residual {
+            Some(r) => launch.arg(r),
+            None => launch.arg(&null),
+        };
+        launch.arg(x).arg(weight).arg(&n32).arg(&eps);
+        // SAFETY: the argument list matches the kernel's signature, and every
+        // buffer holds rows * n values (the caller's contract).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `out[i] = silu(gate[i]) * up[i]` for `n` values.
+    pub fn silu_mul(&self, out: &mut CudaSlice<bf16>, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>, n: usize) -> Result<(), CudaError> {
+        let f = self.function("silu_mul_bf16")?;
+        let n64 = i64::try_from(n).map_err(|_| CudaError::TooLarge(n))?;
+        let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(out).arg(gate).arg(up).arg(&n64);
+        // SAFETY: as in add_rmsnorm; all three buffers hold n values.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `out[r] = table[ids[r]]` for `rows` ids, rows of `dim` (ids ≥ `vocab` give zeros).
+    pub fn embedding(&self, out: &mut CudaSlice<bf16>, table: &CudaSlice<bf16>, ids: &CudaSlice<u32>, rows: usize, dim: usize, vocab: u32) -> Result<(), CudaError> {
+        let f = self.function("embedding_bf16")?;
+        let dim32 = int(dim)?;
+        let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (row_block(dim), 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(out).arg(table).arg(ids).arg(&dim32).arg(&vocab);
+        // SAFETY: out holds rows * dim values, table vocab * dim, ids rows.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Rotary embedding in place on `x` = [tokens, heads, head_dim] (rotate-half layout).
+    pub fn rope_neox(&self, x: &mut CudaSlice<bf16>, positions: &CudaSlice<i32>, tokens: usize, heads: usize, head_dim: usize, theta: f32) -> Result<(), CudaError> {
+        let f = self.function("rope_neox_bf16")?;
+        let (heads32, dim32) = (int(heads)?, int(head_dim)?);
+        let cfg = LaunchConfig { grid_dim: (int(tokens * heads)? as u32, 1, 1), block_dim: (row_block(head_dim / 2), 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(x).arg(positions).arg(&heads32).arg(&dim32).arg(&theta);
+        // SAFETY: x holds tokens * heads * head_dim values, positions tokens.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}
