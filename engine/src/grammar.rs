@@ -146,6 +146,13 @@ impl Constraint {
     pub fn mask_logits(&mut self, logits: &mut [f32]) {
         let phase = self.gate.map(|g| g.phase);
         if phase == Some(GatePhase::Thinking) {
+            // Free text, but the output may not end before the answer the
+            // grammar guarantees.
+            for &id in &self.eos {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
             return;
         }
         let mut allowed = self.allowed();

@@ -89,7 +89,9 @@ fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<SampledToken> {
     };
     let mut constraint = constraint.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     constraint.mask_logits(logits);
-    let sampled = sampler.sample(logits, &s.prompt_tokens, &s.output_tokens);
+    let mut sampled = sampler.sample(logits, &s.prompt_tokens, &s.output_tokens);
+    // Forbidden tokens are -inf: they are not alternatives worth reporting.
+    sampled.top_logprobs.retain(|(_, lp)| lp.is_finite());
     if let Err(e) = constraint.accept(sampled.token) {
         tracing::warn!("the grammar refused sampled token {}: {e}", sampled.token);
     }

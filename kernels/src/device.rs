@@ -73,7 +73,11 @@ impl Gpu {
         let stream = ctx.default_stream();
         let mut functions = HashMap::new();
         for m in crate::MODULES {
-            let module = ctx.load_module(Ptx::from_binary(m.cubin.to_vec()))?;
+            // The sm_90a SASS; on other GPUs the driver JITs the PTX.
+            let module = match ctx.load_module(Ptx::from_binary(m.cubin.to_vec())) {
+                Ok(module) => module,
+                Err(_) => ctx.load_module(Ptx::from_src(m.ptx))?,
+            };
             for &f in m.functions {
                 functions.insert(f, module.load_function(f)?);
             }
@@ -104,6 +108,9 @@ impl Gpu {
         eps: f32,
     ) -> Result<(), CudaError> {
         let f = self.function("add_rmsnorm_bf16")?;
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
         let (n32, null) = (int(n)?, 0u64);
         let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (row_block(n), 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);
@@ -122,6 +129,9 @@ impl Gpu {
     /// `out[i] = silu(gate[i]) * up[i]` for `n` values.
     pub fn silu_mul(&self, out: &mut CudaSlice<bf16>, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>, n: usize) -> Result<(), CudaError> {
         let f = self.function("silu_mul_bf16")?;
+        if n == 0 {
+            return Ok(());
+        }
         let n64 = i64::try_from(n).map_err(|_| CudaError::TooLarge(n))?;
         let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -135,6 +145,9 @@ impl Gpu {
     /// `out[r] = table[ids[r]]` for `rows` ids, rows of `dim` (ids ≥ `vocab` give zeros).
     pub fn embedding(&self, out: &mut CudaSlice<bf16>, table: &CudaSlice<bf16>, ids: &CudaSlice<u32>, rows: usize, dim: usize, vocab: u32) -> Result<(), CudaError> {
         let f = self.function("embedding_bf16")?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
         let dim32 = int(dim)?;
         let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (row_block(dim), 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);
@@ -147,6 +160,9 @@ impl Gpu {
     /// Rotary embedding in place on `x` = [tokens, heads, head_dim] (rotate-half layout).
     pub fn rope_neox(&self, x: &mut CudaSlice<bf16>, positions: &CudaSlice<i32>, tokens: usize, heads: usize, head_dim: usize, theta: f32) -> Result<(), CudaError> {
         let f = self.function("rope_neox_bf16")?;
+        if tokens == 0 || heads == 0 || head_dim < 2 {
+            return Ok(());
+        }
         let (heads32, dim32) = (int(heads)?, int(head_dim)?);
         let cfg = LaunchConfig { grid_dim: (int(tokens * heads)? as u32, 1, 1), block_dim: (row_block(head_dim / 2), 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);

@@ -18,9 +18,12 @@ use std::sync::Arc;
 
 const TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}{%- if message['role'] == 'assistant' and message.reasoning_content %}{{- '<think>' + message.reasoning_content + '</think>' }}{%- endif %}{{- message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
+/// DeepSeek-R1 style: the generation prompt already opens the reasoning.
+const R1_TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}";
+
 /// Renames the first two reserved tokens to `<think>`/`</think>` (not
-/// special, so they decode as text) and installs [`TEMPLATE`].
-fn make_thinking(dir: &Path) {
+/// special, so they decode as text) and installs `template`.
+fn make_thinking(dir: &Path, template: &str) {
     let rename = |v: &mut Value| {
         for (from, to) in [("<|reserved_0|>", "<think>"), ("<|reserved_1|>", "</think>")] {
             if v["content"] == from {
@@ -36,7 +39,7 @@ fn make_thinking(dir: &Path) {
     let path = dir.join("tokenizer_config.json");
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     config["added_tokens_decoder"].as_object_mut().unwrap().values_mut().for_each(rename);
-    config["chat_template"] = json!(TEMPLATE);
+    config["chat_template"] = json!(template);
     std::fs::write(&path, config.to_string()).unwrap();
 }
 
@@ -45,7 +48,7 @@ async fn reasoning_is_a_separate_item_and_the_grammar_applies_to_the_answer_only
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("thinker");
     write_tiny_model(&TinyModelOptions::new(TinyArch::Qwen3), &dir).unwrap();
-    make_thinking(&dir);
+    make_thinking(&dir, TEMPLATE);
     let s = common::start_model(dir.to_str().unwrap(), "thinker", vec![], Limits::default(), 256, |s| Arc::new(s)).await;
     assert!(s.state.model.think_tags.is_some(), "the tags are single tokens and the template uses them");
 
@@ -87,4 +90,36 @@ async fn reasoning_is_a_separate_item_and_the_grammar_applies_to_the_answer_only
     println!("thinking model: {reasoned} answers after reasoning, {direct} without, of 40 seeds");
     assert!(reasoned >= 1, "no seed reasoned and then answered under the grammar");
     assert!(direct >= 1, "no seed answered directly under the grammar");
+}
+
+/// R1 style: the prompt ends in `<think>\n`, so the output starts inside the
+/// reasoning; the output cannot end before `</think>`, and the answer after it
+/// follows the grammar.
+#[tokio::test]
+async fn a_prompt_that_opens_the_reasoning_starts_inside_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r1");
+    write_tiny_model(&TinyModelOptions::new(TinyArch::Qwen3), &dir).unwrap();
+    make_thinking(&dir, R1_TEMPLATE);
+    let s = common::start_model(dir.to_str().unwrap(), "r1", vec![], Limits::default(), 256, |s| Arc::new(s)).await;
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false});
+    let mut answered = 0;
+    for seed in 0..24 {
+        let body = json!({"model": "r1", "input": "Is it ok?", "max_output_tokens": 120, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                          "min_p": 0.0, "seed": seed, "text": {"format": {"type": "json_schema", "name": "ok", "schema": schema, "strict": true}}});
+        let r: Value = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
+        let output = r["output"].as_array().unwrap();
+        assert_eq!(output[0]["type"], "reasoning", "seed {seed}: {r}");
+        assert!(r["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap() >= 1);
+        if r["status"] == "completed" {
+            let m = output.iter().find(|i| i["type"] == "message").unwrap_or_else(|| panic!("seed {seed}: completed without an answer: {r}"));
+            let doc: Value = serde_json::from_str(m["content"][0]["text"].as_str().unwrap()).unwrap();
+            assert!(doc["ok"].is_boolean(), "{doc}");
+            answered += 1;
+        } else {
+            assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens", "seed {seed}: the reasoning may not end the output: {r}");
+        }
+    }
+    println!("R1-style: {answered} of 24 seeds closed the reasoning and answered");
+    assert!(answered >= 1, "no seed closed the reasoning and answered under the grammar");
 }

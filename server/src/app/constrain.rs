@@ -62,9 +62,15 @@ pub fn constraint_after_thinking(
     think: Option<(ThinkTags, bool)>,
 ) -> Result<Option<SharedConstraint>, ApiError> {
     let Some(plan) = Plan::of(req) else { return Ok(None) };
-    let compiler = compiler.ok_or_else(|| {
-        ApiError::unsupported_capability("tool_choice", "Constrained decoding is not available for this model's tokenizer.")
-    })?;
+    let Some(compiler) = compiler else {
+        // Plain `auto` over every tool with free text promises nothing a
+        // grammar must keep; everything else needs one.
+        if req.tool_choice == ToolChoice::Mode(ToolChoiceMode::Auto) && plan.text_schema.is_none() && !plan.json_object {
+            return Ok(None);
+        }
+        let param = if plan.text_schema.is_some() || plan.json_object { "text.format" } else { "tool_choice" };
+        return Err(ApiError::unsupported_capability(param, "Constrained decoding is not available for this model's tokenizer."));
+    };
     if let Some(schema) = plan.text_schema {
         check_schema(compiler, schema, "text.format.schema")?;
     }
@@ -201,7 +207,7 @@ impl<'a> Plan<'a> {
         match (self.required, text) {
             (true, _) => "body".to_string(),
             (false, Some(json_text)) => format!("{json_text} | body"),
-            (false, None) => "NOT_JSON | body\nNOT_JSON: /([^{](.|\\n)*)?/".to_string(),
+            (false, None) => "NOT_JSON | body\nNOT_JSON: /([^{ \\t\\n](.|\\n)*)?/".to_string(),
         }
     }
 }

@@ -25,9 +25,9 @@ const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
 impl ThinkTags {
-    /// The tags, when both are single tokens and the template mentions them.
+    /// The tags, when both are single tokens and the template mentions one.
     pub fn of(tokenizer: &Tokenizer, template: &ChatTemplate) -> Option<Self> {
-        if !template.source().contains(CLOSE) {
+        if !template.source().contains(OPEN) && !template.source().contains(CLOSE) {
             return None;
         }
         let single = |tag: &str| tokenizer.encode(tag, false).ok().filter(|ids| ids.len() == 1).map(|ids| ids[0]);

@@ -334,12 +334,16 @@ impl ToolCallParser {
         }
     }
 
-    /// The parser for a response echoing its request: `None` without
-    /// function tools or with `tool_choice: "none"` (text is then text).
+    /// The parser for a response echoing its request: `None` when no call
+    /// may be made (no function tools, `tool_choice: "none"` or
+    /// `allowed_tools` in mode `none`): text is then text.
     pub fn for_response(response: &ResponseObject) -> Option<Self> {
-        if response.tools.is_empty()
-            || response.tool_choice == ToolChoice::Mode(ToolChoiceMode::None)
-        {
+        let no_calls = match &response.tool_choice {
+            ToolChoice::Mode(ToolChoiceMode::None) => true,
+            ToolChoice::Specific(crate::protocol::SpecificToolChoice::AllowedTools { mode, .. }) => *mode == ToolChoiceMode::None,
+            _ => false,
+        };
+        if response.tools.is_empty() || no_calls || response.max_tool_calls == Some(0) {
             return None;
         }
         Some(Self::new(
@@ -733,6 +737,25 @@ mod tests {
         assert_eq!(summary(&p.push("Hello")), ["Hello"]);
         assert_eq!(summary(&p.push(" <tool_")), Vec::<String>::new());
         assert_eq!(summary(&p.push("x")), [" <tool_x"]);
+    }
+
+    #[test]
+    fn no_parser_when_no_call_may_be_made() {
+        let tools = json!([{"type": "function", "name": "get_weather"}]);
+        let limits = RequestLimits::default();
+        let response = |extra: serde_json::Value| {
+            let mut body = json!({"model": "m", "input": "x", "tools": tools});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let req = validate(body, &limits).unwrap();
+            crate::protocol::mapper::ResponseMapper::new("r".into(), 0, &req).response()
+        };
+        assert!(ToolCallParser::for_response(&response(json!({}))).is_some());
+        for extra in [json!({"tool_choice": "none"}),
+                      json!({"tool_choice": {"type": "allowed_tools", "mode": "none", "tools": [{"type": "function", "name": "get_weather"}]}})] {
+            assert!(ToolCallParser::for_response(&response(extra.clone())).is_none(), "{extra}");
+        }
     }
 
     #[test]

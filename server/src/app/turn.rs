@@ -156,9 +156,18 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<
     state.scheduler.submit(request).map_err(submit_error)
 }
 
-/// Whether the prompt ends inside a reasoning block (R1-style templates).
+/// Whether the prompt ends inside a reasoning block (R1-style templates end
+/// with `<think>` or `<think>\n`): an opening tag among the last few tokens,
+/// after any closing one.
 pub fn prompt_opens_thinking(state: &AppState, prompt: &[u32]) -> bool {
-    state.model.think_tags.is_some_and(|t| prompt.last() == Some(&t.open))
+    const TAIL: usize = 4;
+    let Some(tags) = state.model.think_tags else { return false };
+    let open = prompt.iter().rposition(|&t| t == tags.open);
+    let close = prompt.iter().rposition(|&t| t == tags.close);
+    match open {
+        Some(o) => prompt.len() - o <= TAIL && close.is_none_or(|c| c < o),
+        None => false,
+    }
 }
 
 fn submit_error(e: SubmitError) -> ApiError {

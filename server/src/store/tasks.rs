@@ -7,6 +7,10 @@ use serde_json::{json, Value};
 
 use super::StoreError;
 
+/// Most events a running task publishes before they are stored (readers
+/// following it live may have seen that many past the stored history).
+pub const MAX_UNSTORED_EVENTS: u64 = 32;
+
 /// Statuses a task has while it runs.
 pub const TASK_UNFINISHED: [&str; 2] = ["queued", "in_progress"];
 
@@ -99,13 +103,15 @@ pub trait TaskStore: Send + Sync {
 }
 
 /// The terminal event and final state of a task the daemon's restart cut off
-/// (`last_stored`: the highest event id in its stored history).
+/// (`last_stored`: the highest event id in its stored history). Its id skips
+/// past any event a live reader may have seen but the store never got, so a
+/// reconnecting reader still receives it.
 pub fn fail_task_for_restart(task: &mut TaskRecord, last_stored: u64, now: i64) -> TaskEvent {
     let problem = json!({"type": "https://spindle.dev/problems/server_restarted", "title": "Generation failed",
         "status": 500, "detail": "The server restarted while this task ran.", "code": "server_restarted"});
     task.status = "failed".into();
     task.finished_at = Some(now);
-    task.last_event_id = task.last_event_id.max(last_stored) + 1;
+    task.last_event_id = task.last_event_id.max(last_stored) + MAX_UNSTORED_EVENTS + 1;
     task.response = json!({"id": task.response_id, "object": "response", "created_at": task.created_at,
         "status": "failed", "output": [], "usage": null, "error": problem, "incomplete_details": null});
     TaskEvent {
@@ -161,7 +167,7 @@ pub(crate) mod conformance {
 
         assert_eq!(store.fail_unfinished_tasks(300).unwrap(), 1);
         let failed = store.get_task("t2").unwrap().unwrap();
-        assert_eq!((failed.status.as_str(), failed.finished_at, failed.last_event_id), ("failed", Some(300), 2));
+        assert_eq!((failed.status.as_str(), failed.finished_at, failed.last_event_id), ("failed", Some(300), 2 + MAX_UNSTORED_EVENTS));
         let last = store.task_events("t2", 1).unwrap();
         assert_eq!(last.len(), 1);
         assert!(last[0].is_terminal() && last[0].event == "response.failed");

@@ -83,8 +83,17 @@ impl LiveTask {
     /// Publishes events to live readers (ids must continue the sequence).
     pub fn publish(&self, events: &[TaskEvent]) {
         let Some(last) = events.last().map(|e| e.id) else { return };
-        self.lock().events.extend_from_slice(events);
+        {
+            let mut state = self.lock();
+            state.events.extend_from_slice(events);
+            state.record.last_event_id = last;
+        }
         self.published.send_replace(last);
+    }
+
+    /// Whether the terminal event has been published.
+    pub fn ended(&self) -> bool {
+        self.lock().events.last().is_some_and(TaskEvent::is_terminal)
     }
 
     /// Events with `id > after`.

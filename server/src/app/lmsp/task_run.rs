@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 
 /// Events are stored at least this often while a task runs (and always at its end).
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
-/// …or once this many are pending.
-const FLUSH_BATCH: usize = 32;
+/// …or once this many are pending (the restart path relies on this bound).
+const FLUSH_BATCH: usize = crate::store::tasks::MAX_UNSTORED_EVENTS as usize;
 
 /// Drives the task to its end, then forgets it from the hub.
 pub async fn run_task(state: Arc<AppState>, live: Arc<LiveTask>, stream: EventStream, mapper: ResponseMapper, persist: Persist) {

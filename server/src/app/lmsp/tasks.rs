@@ -107,7 +107,7 @@ pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) 
         live.request_cancel();
         state.scheduler.abort(live.request);
         let ended = async {
-            while !live.events_after(0).last().is_some_and(TaskEvent::is_terminal) {
+            while !live.ended() {
                 if published.changed().await.is_err() {
                     break;
                 }
