@@ -55,16 +55,7 @@ pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Op
     if req.model.as_deref() != Some(state.model.name.as_str()) {
         return Err(ApiError::model_not_found(req.model.as_deref().unwrap_or("")));
     }
-    let history = match local_history {
-        Some(items) => items,
-        None => {
-            let st = state.clone();
-            let prev = req.previous_response_id.clone();
-            tokio::task::spawn_blocking(move || turn::history(&st, prev.as_deref()))
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))??
-        }
-    };
+    let history = turn::resolve_history(&state, req.previous_response_id.clone(), local_history).await?;
     let mut json_items = history;
     json_items.extend(input_items_json(&req));
     let items: Vec<InputItem> = json_items

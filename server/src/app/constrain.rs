@@ -9,8 +9,10 @@
 //! for schemas, in the tool-call format the chat template uses
 //! ([`CallFormat`]).
 //!
-//! Schemas: a tool with `strict: true` and a `text.format` JSON Schema must
-//! compile, else 400 naming the unsupported keyword. A non-strict tool whose
+//! Schemas: the whole grammar is compiled once; only when that fails is each
+//! schema compiled alone, to name the culprit. A tool with `strict: true` and
+//! a `text.format` JSON Schema must compile, else 400 naming the unsupported
+//! keyword. A non-strict tool whose
 //! schema does not compile gets arguments constrained to any JSON object
 //! (logged), since its schema is advisory.
 
@@ -71,26 +73,31 @@ pub fn constraint_after_thinking(
         let param = if plan.text_schema.is_some() || plan.json_object { "text.format" } else { "tool_choice" };
         return Err(ApiError::unsupported_capability(param, "Constrained decoding is not available for this model's tokenizer."));
     };
-    if let Some(schema) = plan.text_schema {
-        check_schema(compiler, schema, "text.format.schema")?;
-    }
-    let mut args: Vec<Value> = Vec::with_capacity(plan.tools.len());
-    for (i, tool) in plan.tools.iter().enumerate() {
-        let schema = tool_schema(tool);
-        match check_schema(compiler, &schema, &format!("tools[{i}].parameters")) {
-            Ok(()) => args.push(schema),
-            Err(e) if tool.strict == Some(true) => return Err(e),
-            Err(e) => {
-                tracing::warn!("tool '{}': arguments constrained to any JSON object ({})", tool.name, e.message);
-                args.push(json!({"type": "object"}));
+    let mut args: Vec<Value> = plan.tools.iter().map(|t| tool_schema(t)).collect();
+    let compile = |args: &[Value]| {
+        let lark = plan.lark(format, args);
+        compiler.compile_lark(&if think.is_some() { lead_whitespace(&lark) } else { lark })
+    };
+    let mut constraint = match compile(&args) {
+        Ok(c) => c,
+        Err(_) => {
+            // Only on failure: find the schema that cannot be enforced, one by one.
+            if let Some(schema) = plan.text_schema {
+                check_schema(compiler, schema, "text.format.schema")?;
             }
+            for (tool, schema) in plan.tools.iter().zip(args.iter_mut()) {
+                let index = req.tools.iter().position(|t| t.name == tool.name).unwrap_or(0);
+                if let Err(e) = check_schema(compiler, schema, &format!("tools[{index}].parameters")) {
+                    if tool.strict == Some(true) {
+                        return Err(e);
+                    }
+                    tracing::warn!("tool '{}': arguments constrained to any JSON object ({})", tool.name, e.message);
+                    *schema = json!({"type": "object"});
+                }
+            }
+            compile(&args).map_err(|e| ApiError::internal(format!("grammar: {e}")))?
         }
-    }
-    let mut lark = plan.lark(format, &args);
-    if think.is_some() {
-        lark = lead_whitespace(&lark);
-    }
-    let mut constraint = compiler.compile_lark(&lark).map_err(|e| ApiError::internal(format!("grammar: {e}")))?;
+    };
     if let Some((tags, starts_inside)) = think {
         constraint = constraint.after_thinking(tags.open, tags.close, starts_inside);
     }

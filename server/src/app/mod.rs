@@ -13,6 +13,7 @@ pub mod responses;
 pub mod seal;
 pub mod sse;
 pub mod state;
+pub mod tool_parser;
 pub mod tool_stream;
 pub mod tools;
 pub mod turn;

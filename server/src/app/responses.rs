@@ -84,16 +84,7 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
         Some(m) if m != &state.model.name => return Err(ApiError::model_not_found(m)),
         _ => req.model = Some(state.model.name.clone()),
     }
-    let history = match local_history {
-        Some(items) => items,
-        None => {
-            let st = state.clone();
-            let prev = req.previous_response_id.clone();
-            tokio::task::spawn_blocking(move || turn::history(&st, prev.as_deref()))
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))??
-        }
-    };
+    let history = turn::resolve_history(state, req.previous_response_id.clone(), local_history).await?;
     let prepared = turn::prepare(state, &req, history)?;
     let opens_thinking = turn::prompt_opens_thinking(state, &prepared.prompt);
     let stream = turn::submit(state, &req, prepared.prompt)?;

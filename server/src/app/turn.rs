@@ -19,6 +19,23 @@ pub struct PreparedTurn {
     pub history: Vec<Value>,
 }
 
+/// The conversation before this turn: `local_history` when the caller has
+/// it (a WebSocket connection's memory), else [`history`] from the store,
+/// off the async threads.
+pub async fn resolve_history(
+    state: &std::sync::Arc<AppState>,
+    previous: Option<String>,
+    local_history: Option<Vec<Value>>,
+) -> Result<Vec<Value>, ApiError> {
+    if let Some(items) = local_history {
+        return Ok(items);
+    }
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || history(&st, previous.as_deref()))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+}
+
 /// Items of every earlier turn, oldest first, as stored JSON.
 pub fn history(state: &AppState, previous: Option<&str>) -> Result<Vec<Value>, ApiError> {
     let Some(id) = previous else { return Ok(Vec::new()) };

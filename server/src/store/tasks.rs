@@ -69,11 +69,13 @@ pub struct TaskEvent {
 impl TaskEvent {
     /// Whether this event ends the stream.
     pub fn is_terminal(&self) -> bool {
-        matches!(
-            self.event.as_str(),
-            "response.completed" | "response.incomplete" | "response.failed" | "response.cancelled" | "error"
-        )
+        is_terminal_event(&self.event)
     }
+}
+
+/// Whether an event of this name ends a task's stream.
+pub fn is_terminal_event(name: &str) -> bool {
+    matches!(name, "response.completed" | "response.incomplete" | "response.failed" | "response.cancelled" | "error")
 }
 
 /// Persistence for tasks and their event histories. Implemented by both

@@ -1,6 +1,6 @@
 //! `/lmsp/v1/` handlers.
 
-use super::idempotency::Claim;
+use super::idempotency::{header_key, run_once};
 use super::map::{event_from_engine, request_to_engine, response_from_engine, sse_frame};
 use super::problem::Problem;
 use super::{CAPABILITIES, LMSP_VERSION};
@@ -33,25 +33,14 @@ async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Byt
     let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
     let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
     let streaming = value["stream"].as_bool().unwrap_or(false);
-    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string) else {
+    let Some(key) = header_key(&headers) else {
         return if streaming { stream(state, &value).await } else { Ok(outcome_response(run_sync(&state, &value).await)) };
     };
     if streaming {
         return Err(ApiError::invalid("stream", "Idempotency-Key applies to non-streaming requests; for resumable streamed output create a task.").into());
     }
-    if key.is_empty() || key.len() > 255 {
-        return Err(ApiError::invalid("Idempotency-Key", "The Idempotency-Key header must be 1–255 characters.").into());
-    }
-    let scope = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
-    match state.idempotency.claim(scope, &key, &body) {
-        Claim::Mismatch => Err(ApiError::new(422, ErrorKind::InvalidRequest, "This Idempotency-Key was already used with a different request body.")
-            .with_code("idempotency_key_reused")
-            .into()),
-        Claim::Run(cell) => {
-            let outcome = cell.get_or_init(|| run_sync(&state, &value)).await.clone();
-            Ok(outcome_response(outcome))
-        }
-    }
+    let outcome = run_once(&state.idempotency, "", &headers, &key, &body, || run_sync(&state, &value)).await?;
+    Ok(outcome_response(outcome))
 }
 
 pub(super) fn check_version(headers: &HeaderMap) -> Result<(), Problem> {

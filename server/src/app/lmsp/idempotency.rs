@@ -2,6 +2,10 @@
 //! from one generation (concurrent duplicates wait for it); the same key with
 //! a different body is refused. Bounded: the oldest keys are forgotten first.
 
+use super::problem::Problem;
+use crate::protocol::error::ApiError;
+use crate::protocol::ErrorKind;
+use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -51,6 +55,38 @@ impl IdempotencyKeys {
         keys.map.insert(full.clone(), (digest, cell.clone()));
         keys.order.push_back(full);
         Claim::Run(cell)
+    }
+}
+
+/// The request's `Idempotency-Key` header, if any.
+pub fn header_key(headers: &HeaderMap) -> Option<String> {
+    headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// Runs `work` once for `key` and this `body` (scoped by `namespace` and the
+/// caller's credential): duplicates get the first run's outcome; a key of
+/// the wrong length is a 400 and a reused key with another body a 422.
+pub async fn run_once<F, Fut>(
+    keys: &IdempotencyKeys,
+    namespace: &str,
+    headers: &HeaderMap,
+    key: &str,
+    body: &[u8],
+    work: F,
+) -> Result<Outcome, Problem>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Outcome>,
+{
+    if key.is_empty() || key.len() > 255 {
+        return Err(ApiError::invalid("Idempotency-Key", "The Idempotency-Key header must be 1–255 characters.").into());
+    }
+    let credential = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+    match keys.claim(&format!("{namespace}{credential}"), key, body) {
+        Claim::Mismatch => Err(ApiError::new(422, ErrorKind::InvalidRequest, "This Idempotency-Key was already used with a different request body.")
+            .with_code("idempotency_key_reused")
+            .into()),
+        Claim::Run(cell) => Ok(cell.get_or_init(work).await.clone()),
     }
 }
 

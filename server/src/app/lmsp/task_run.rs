@@ -8,6 +8,7 @@ use crate::app::drive::{drive, Persist, Sink};
 use crate::app::responses::{unix_now, with_store};
 use crate::app::state::AppState;
 use crate::protocol::mapper::ResponseMapper;
+use crate::store::tasks::is_terminal_event;
 use crate::store::{TaskEvent, TaskRecord};
 use serde_json::{json, Value};
 use spindle_scheduler::EventStream;
@@ -34,7 +35,7 @@ pub async fn run_task(state: Arc<AppState>, live: Arc<LiveTask>, stream: EventSt
         if terminal.is_some() {
             continue;
         }
-        if is_terminal_name(&name) {
+        if is_terminal_event(&name) {
             terminal = Some((name, data));
             continue;
         }
@@ -66,10 +67,6 @@ pub async fn run_task(state: Arc<AppState>, live: Arc<LiveTask>, stream: EventSt
     live.set_record(record);
     live.publish(&[last]);
     state.tasks.remove(&live.id);
-}
-
-fn is_terminal_name(name: &str) -> bool {
-    TaskEvent { id: 0, event: name.to_string(), data: Value::Null }.is_terminal()
 }
 
 /// The task's final record: status from the terminal event, the LMSP response.

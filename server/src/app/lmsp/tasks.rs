@@ -4,7 +4,7 @@
 //! event_history_expired`), and cancel.
 
 use super::handlers::{check_version, outcome_response};
-use super::idempotency::Claim;
+use super::idempotency::{header_key, run_once};
 use super::live::LiveTask;
 use super::map::{request_to_engine, sse_frame};
 use super::problem::Problem;
@@ -46,19 +46,11 @@ async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Byt
     check_version(&headers)?;
     let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
     let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
-    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string) else {
+    let Some(key) = header_key(&headers) else {
         return Ok(outcome_response(start(&state, &value).await));
     };
-    if key.is_empty() || key.len() > 255 {
-        return Err(ApiError::invalid("Idempotency-Key", "The Idempotency-Key header must be 1–255 characters.").into());
-    }
-    let scope = format!("tasks:{}", headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or(""));
-    match state.idempotency.claim(&scope, &key, &body) {
-        Claim::Mismatch => Err(ApiError::new(422, ErrorKind::InvalidRequest, "This Idempotency-Key was already used with a different request body.")
-            .with_code("idempotency_key_reused")
-            .into()),
-        Claim::Run(cell) => Ok(outcome_response(cell.get_or_init(|| start(&state, &value)).await.clone())),
-    }
+    let outcome = run_once(&state.idempotency, "tasks:", &headers, &key, &body, || start(&state, &value)).await?;
+    Ok(outcome_response(outcome))
 }
 
 /// Starts the task: (status, body) as for an idempotent outcome.

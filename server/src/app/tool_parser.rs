@@ -1,0 +1,684 @@
+//! The output side of function tools: a streaming parser from the model's
+//! generated text to text and `function_call` [`MapperInput`]s (the prompt
+//! side is [`super::tools`]).
+//!
+//! [`ToolCallParser`] reads the generated text as it streams and recognises:
+//! - `<tool_call>{"name": "f", "arguments": {...}}</tool_call>` anywhere in
+//!   the output (whitespace around the JSON allowed; `"parameters"` accepted
+//!   for `"arguments"`; `arguments` may also be a string holding a JSON
+//!   object; missing or `null` arguments mean `{}`); several blocks are
+//!   parallel calls, each its own `function_call` item;
+//! - Llama 3 style: the output *starting* with a bare JSON object
+//!   `{"name": "f", "parameters": {...}}` (or `"arguments"`); such an
+//!   answer is held back until its first object closes.
+//!
+//! A call is accepted only when `name` is one of the request's tools;
+//! anything else (malformed JSON, an unknown name, an unterminated block) is
+//! passed on unchanged as text, so no text is ever lost. Whitespace between
+//! calls and around them is dropped (so no empty message items appear), as
+//! is a missing or cut-off `</tool_call>` after a complete call.
+//! `parallel_tool_calls: false` keeps the first call only and
+//! `max_tool_calls` caps the calls; calls beyond the cap are dropped.
+//! With `tool_choice: "none"` the output is not parsed at all (it is text).
+//!
+//! A call written exactly as `{"name": "f", "arguments": ` (or
+//! `"parameters"`), which is what constrained decoding makes the model write
+//! ([`super::constrain`]), streams: `FunctionCallStarted` as soon as the name
+//! is complete, then the arguments' text as it is generated, then
+//! `FunctionCallDone` at its closing bracket ([`super::tool_stream`]). Other
+//! spellings are parsed whole and their arguments reported as compact JSON in
+//! one delta.
+
+use super::tool_stream::{match_head, ArgScanner, Head};
+use super::tools::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+use crate::protocol::mapper::{new_call_id, MapperInput};
+use crate::protocol::{ResponseObject, ToolChoice, ToolChoiceMode};
+use serde_json::Value;
+
+/// Where the parser is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Only whitespace so far: a bare JSON call may still come.
+    Start,
+    /// Plain text (watching for [`TOOL_CALL_OPEN`]).
+    Text,
+    /// Inside `<tool_call>`: buffering the JSON object.
+    Call,
+    /// After a call's JSON: skipping whitespace and [`TOOL_CALL_CLOSE`].
+    Close,
+    /// The output began with `{`: buffering it as a possible bare call.
+    Bare,
+    /// Inside a streamed call's arguments (see [`super::tool_stream`]).
+    Args,
+    /// After a streamed call's arguments: skipping the call object's `}`.
+    AfterArgs,
+}
+
+/// Result of scanning for the end of a JSON object.
+enum Scan {
+    /// The object (or a mismatched bracket) ends after this many bytes.
+    Complete(usize),
+    /// More text is needed.
+    Incomplete,
+}
+
+/// Streaming parser from generated text to text and function-call
+/// [`MapperInput`]s (formats: see the module docs). Pure: feed deltas with
+/// [`push`](Self::push), end with [`finish`](Self::finish).
+#[derive(Debug, Clone)]
+pub struct ToolCallParser {
+    names: Vec<String>,
+    limit: usize,
+    mode: Mode,
+    /// Text not yet emitted (held back, or the open call's body).
+    buf: String,
+    /// Whitespace just before an open tag (emitted if the block is malformed).
+    held_ws: String,
+    /// A call ended and no text followed yet (leading whitespace is dropped).
+    after_call: bool,
+    /// Calls accepted so far (emitted or dropped by the cap).
+    calls: usize,
+    /// The streamed call's argument scanner.
+    args: ArgScanner,
+    /// Whether the streamed call is reported (within the cap).
+    emitting: bool,
+}
+
+impl ToolCallParser {
+    /// A parser accepting calls to `names`; `parallel_tool_calls: false`
+    /// keeps only the first call, `max_tool_calls` caps them.
+    pub fn new<S: Into<String>>(
+        names: impl IntoIterator<Item = S>,
+        parallel_tool_calls: bool,
+        max_tool_calls: Option<u32>,
+    ) -> Self {
+        let cap = max_tool_calls.map_or(usize::MAX, |n| n as usize);
+        Self {
+            names: names.into_iter().map(Into::into).collect(),
+            limit: if parallel_tool_calls { cap } else { cap.min(1) },
+            mode: Mode::Start,
+            buf: String::new(),
+            held_ws: String::new(),
+            after_call: false,
+            calls: 0,
+            args: ArgScanner::default(),
+            emitting: false,
+        }
+    }
+
+    /// The parser for a response echoing its request: `None` when no call
+    /// may be made (no function tools, `tool_choice: "none"` or
+    /// `allowed_tools` in mode `none`): text is then text.
+    pub fn for_response(response: &ResponseObject) -> Option<Self> {
+        let no_calls = match &response.tool_choice {
+            ToolChoice::Mode(ToolChoiceMode::None) => true,
+            ToolChoice::Specific(crate::protocol::SpecificToolChoice::AllowedTools { mode, .. }) => *mode == ToolChoiceMode::None,
+            _ => false,
+        };
+        if response.tools.is_empty() || no_calls || response.max_tool_calls == Some(0) {
+            return None;
+        }
+        Some(Self::new(
+            response.tools.iter().map(|t| t.name.clone()),
+            response.parallel_tool_calls,
+            response.max_tool_calls,
+        ))
+    }
+
+    /// Feeds generated text; returns what can be reported so far.
+    pub fn push(&mut self, delta: &str) -> Vec<MapperInput> {
+        self.buf.push_str(delta);
+        let mut out = Vec::new();
+        self.drain(false, &mut out);
+        out
+    }
+
+    /// The output ended: flushes everything still held back.
+    pub fn finish(&mut self) -> Vec<MapperInput> {
+        let mut out = Vec::new();
+        self.drain(true, &mut out);
+        out
+    }
+
+    /// Passes `input` through the parser: text is parsed, the end flushes
+    /// the parser before [`MapperInput::Finished`], the rest passes as is.
+    /// (Log-probabilities of parsed text are not kept.)
+    pub fn route(&mut self, input: MapperInput) -> Vec<MapperInput> {
+        match input {
+            MapperInput::TextDelta(text) | MapperInput::TextDeltaWithLogprobs { text, .. } => {
+                self.push(&text)
+            }
+            finished @ MapperInput::Finished { .. } => {
+                let mut out = self.finish();
+                out.push(finished);
+                out
+            }
+            other => vec![other],
+        }
+    }
+
+    /// Runs the state machine until it needs more text (or, at the end,
+    /// until everything is flushed).
+    fn drain(&mut self, end: bool, out: &mut Vec<MapperInput>) {
+        loop {
+            let again = match self.mode {
+                Mode::Start => self.step_start(end),
+                Mode::Text => self.step_text(end, out),
+                Mode::Call => self.step_call(end, out),
+                Mode::Close => self.step_close(end),
+                Mode::Bare => self.step_bare(end, out),
+                Mode::Args => self.step_args(end, out),
+                Mode::AfterArgs => self.step_after_args(end),
+            };
+            if !again {
+                return;
+            }
+        }
+    }
+
+    fn step_start(&mut self, end: bool) -> bool {
+        let trimmed = self.buf.trim_start();
+        if trimmed.is_empty() && !end {
+            return false;
+        }
+        self.mode = if trimmed.starts_with('{') {
+            Mode::Bare
+        } else {
+            Mode::Text
+        };
+        true
+    }
+
+    fn step_text(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        if let Some(at) = self.buf.find(TOOL_CALL_OPEN) {
+            let before = self.buf[..at].trim_end().to_owned();
+            self.held_ws = self.buf[before.len()..at].to_owned();
+            self.buf.drain(..at + TOOL_CALL_OPEN.len());
+            self.emit_text(&before, out);
+            self.mode = Mode::Call;
+            return true;
+        }
+        if end {
+            let rest = std::mem::take(&mut self.buf);
+            self.emit_text(&rest, out);
+            return false;
+        }
+        let keep_from = self.buf.len() - partial_suffix(&self.buf, TOOL_CALL_OPEN);
+        let ready = self.buf[..keep_from].trim_end().len();
+        let text: String = self.buf.drain(..ready).collect();
+        self.emit_text(&text, out);
+        false
+    }
+
+    fn step_call(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        let lead = self.buf.len() - self.buf.trim_start().len();
+        let body = &self.buf[lead..];
+        if body.is_empty() {
+            return end && self.malformed(out);
+        }
+        if !body.starts_with('{') {
+            return self.malformed(out);
+        }
+        match match_head(body, &self.names) {
+            Head::Complete { name, len } => {
+                self.buf.drain(..lead + len);
+                self.held_ws.clear();
+                self.start_streamed(name, out);
+                return true;
+            }
+            Head::Partial if !end => return false,
+            Head::Partial | Head::NoMatch => {}
+        }
+        match scan_object(body) {
+            Scan::Complete(n) => match self.parse_call(&body[..n]) {
+                Some((name, arguments)) => {
+                    self.buf.drain(..lead + n);
+                    self.held_ws.clear();
+                    self.accept(name, arguments, out);
+                    self.mode = Mode::Close;
+                    true
+                }
+                None => self.malformed(out),
+            },
+            Scan::Incomplete if end || body.contains(TOOL_CALL_CLOSE) => self.malformed(out),
+            Scan::Incomplete => false,
+        }
+    }
+
+    fn step_close(&mut self, end: bool) -> bool {
+        let trimmed = self.buf.trim_start();
+        if let Some(rest) = trimmed.strip_prefix(TOOL_CALL_CLOSE) {
+            self.buf = rest.to_owned();
+            self.mode = Mode::Text;
+            return true;
+        }
+        if TOOL_CALL_CLOSE.starts_with(trimmed) {
+            // Whitespace or a cut-off closing tag: wait, or drop at the end.
+            if !end {
+                return false;
+            }
+            self.buf.clear();
+        }
+        self.mode = Mode::Text;
+        true
+    }
+
+    fn step_bare(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        let lead = self.buf.len() - self.buf.trim_start().len();
+        let body = &self.buf[lead..];
+        match match_head(body, &self.names) {
+            Head::Complete { name, len } => {
+                self.buf.drain(..lead + len);
+                self.start_streamed(name, out);
+                return true;
+            }
+            Head::Partial if !end => return false,
+            Head::Partial | Head::NoMatch => {}
+        }
+        match scan_object(body) {
+            Scan::Complete(n) => {
+                if let Some((name, arguments)) = self.parse_call(&body[..n]) {
+                    self.buf.drain(..lead + n);
+                    self.accept(name, arguments, out);
+                    self.mode = Mode::Close;
+                } else {
+                    self.mode = Mode::Text;
+                }
+                true
+            }
+            Scan::Incomplete if end => {
+                self.mode = Mode::Text;
+                true
+            }
+            Scan::Incomplete => false,
+        }
+    }
+
+    /// A streamed call's head is complete: report the call (within the cap).
+    fn start_streamed(&mut self, name: String, out: &mut Vec<MapperInput>) {
+        self.emitting = self.calls < self.limit;
+        if self.emitting {
+            out.push(MapperInput::FunctionCallStarted { call_id: new_call_id(), name });
+        }
+        self.calls = self.calls.saturating_add(1);
+        self.after_call = true;
+        self.args = ArgScanner::default();
+        self.mode = Mode::Args;
+    }
+
+    /// Passes on the arguments as they arrive; at their closing bracket the
+    /// call is done. Output that ends inside them (the token limit) leaves
+    /// the call open, so the response closes it as `incomplete`.
+    fn step_args(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        let (n, closed) = self.args.feed(&self.buf);
+        let delta: String = self.buf.drain(..n).collect();
+        if self.emitting && !delta.is_empty() {
+            out.push(MapperInput::FunctionCallArgumentsDelta(delta));
+        }
+        if closed && self.emitting {
+            out.push(MapperInput::FunctionCallDone);
+        }
+        if closed || end {
+            self.mode = Mode::AfterArgs;
+        }
+        closed
+    }
+
+    /// Drops the `}` that closes the call object after its arguments.
+    fn step_after_args(&mut self, end: bool) -> bool {
+        let trimmed = self.buf.trim_start();
+        if trimmed.is_empty() && !end {
+            return false;
+        }
+        if let Some(rest) = trimmed.strip_prefix('}') {
+            self.buf = rest.to_owned();
+        }
+        self.mode = Mode::Close;
+        true
+    }
+
+    /// The open block is not a call: its tag (with the whitespace before it)
+    /// and body go on as text.
+    fn malformed(&mut self, out: &mut Vec<MapperInput>) -> bool {
+        let tag = format!("{}{TOOL_CALL_OPEN}", std::mem::take(&mut self.held_ws));
+        self.emit_text(&tag, out);
+        self.mode = Mode::Text;
+        true
+    }
+
+    /// Emits `text` (without leading whitespace right after a call).
+    fn emit_text(&mut self, text: &str, out: &mut Vec<MapperInput>) {
+        let text = if self.after_call {
+            text.trim_start()
+        } else {
+            text
+        };
+        if !text.is_empty() {
+            out.push(MapperInput::TextDelta(text.to_owned()));
+            self.after_call = false;
+        }
+    }
+
+    /// Reports a parsed call unless the cap is reached.
+    fn accept(&mut self, name: String, arguments: String, out: &mut Vec<MapperInput>) {
+        if self.calls < self.limit {
+            out.push(MapperInput::FunctionCallStarted {
+                call_id: new_call_id(),
+                name,
+            });
+            out.push(MapperInput::FunctionCallArgumentsDelta(arguments));
+            out.push(MapperInput::FunctionCallDone);
+        }
+        self.calls = self.calls.saturating_add(1);
+        self.after_call = true;
+    }
+
+    /// `(name, compact arguments)` when `json` is a call to a known tool.
+    fn parse_call(&self, json: &str) -> Option<(String, String)> {
+        let value: Value = serde_json::from_str(json).ok()?;
+        let object = value.as_object()?;
+        let name = object.get("name")?.as_str()?;
+        if !self.names.iter().any(|n| n == name) {
+            return None;
+        }
+        let arguments = match object.get("arguments").or_else(|| object.get("parameters")) {
+            None | Some(Value::Null) => "{}".to_owned(),
+            Some(v @ Value::Object(_)) => v.to_string(),
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(s).ok()? {
+                v @ Value::Object(_) => v.to_string(),
+                _ => return None,
+            },
+            Some(_) => return None,
+        };
+        Some((name.to_owned(), arguments))
+    }
+}
+
+/// Routes `inputs` through `parser` when there is one.
+pub fn route_all(
+    parser: Option<&mut ToolCallParser>,
+    inputs: Vec<MapperInput>,
+) -> Vec<MapperInput> {
+    match parser {
+        None => inputs,
+        Some(p) => inputs.into_iter().flat_map(|i| p.route(i)).collect(),
+    }
+}
+
+/// Length of the longest proper prefix of `tag` that `text` ends with.
+fn partial_suffix(text: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| text.ends_with(&tag[..n]))
+        .unwrap_or(0)
+}
+
+/// Finds where the JSON value opening `text` (a `{`) closes, by bracket
+/// depth outside strings.
+fn scan_object(text: &str) -> Scan {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, b) in text.bytes().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Scan::Complete(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    Scan::Incomplete
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::protocol::request::{validate, RequestLimits};
+    use serde_json::json;
+
+    /// Text runs merged; calls as `name(args)`.
+    fn summary(inputs: &[MapperInput]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut text: Option<String> = None;
+        for input in inputs {
+            match input {
+                MapperInput::TextDelta(t) => text.get_or_insert_with(String::new).push_str(t),
+                MapperInput::FunctionCallStarted { call_id, name } => {
+                    out.extend(text.take());
+                    assert!(call_id.starts_with("call_"));
+                    out.push(format!("{name}("));
+                }
+                MapperInput::FunctionCallArgumentsDelta(a) => {
+                    out.last_mut().unwrap().push_str(a);
+                }
+                MapperInput::FunctionCallDone => out.last_mut().unwrap().push(')'),
+                other => out.push(format!("{other:?}")),
+            }
+        }
+        out.extend(text);
+        out
+    }
+
+    fn parser() -> ToolCallParser {
+        ToolCallParser::new(["get_weather", "get_time"], true, None)
+    }
+
+    /// Runs `output` whole, char by char and in 3-char pieces through
+    /// `make()`; all must give `expected`.
+    fn check(make: impl Fn() -> ToolCallParser, output: &str, expected: &[&str]) {
+        let chars: Vec<char> = output.chars().collect();
+        for size in [usize::MAX, 1, 3] {
+            let mut p = make();
+            let mut inputs = Vec::new();
+            for piece in chars.chunks(size.min(chars.len().max(1))) {
+                inputs.extend(p.push(&piece.iter().collect::<String>()));
+            }
+            inputs.extend(p.finish());
+            assert_eq!(summary(&inputs), expected, "pieces of {size}: {output:?}");
+        }
+    }
+
+    const CALL_A: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    const CALL_B: &str =
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call>";
+
+    #[test]
+    fn plain_text_passes_through_and_streams() {
+        check(
+            parser,
+            "Hello there, friend.\n",
+            &["Hello there, friend.\n"],
+        );
+        check(parser, "a < b and <tool", &["a < b and <tool"]);
+        let mut p = parser();
+        assert_eq!(summary(&p.push("Hello")), ["Hello"]);
+        assert_eq!(summary(&p.push(" <tool_")), Vec::<String>::new());
+        assert_eq!(summary(&p.push("x")), [" <tool_x"]);
+    }
+
+    #[test]
+    fn no_parser_when_no_call_may_be_made() {
+        let tools = json!([{"type": "function", "name": "get_weather"}]);
+        let limits = RequestLimits::default();
+        let response = |extra: serde_json::Value| {
+            let mut body = json!({"model": "m", "input": "x", "tools": tools});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let req = validate(body, &limits).unwrap();
+            crate::protocol::mapper::ResponseMapper::new("r".into(), 0, &req).response()
+        };
+        assert!(ToolCallParser::for_response(&response(json!({}))).is_some());
+        for extra in [json!({"tool_choice": "none"}),
+                      json!({"tool_choice": {"type": "allowed_tools", "mode": "none", "tools": [{"type": "function", "name": "get_weather"}]}})] {
+            assert!(ToolCallParser::for_response(&response(extra.clone())).is_none(), "{extra}");
+        }
+    }
+
+    #[test]
+    fn a_streamed_call_cut_off_by_the_token_limit_stays_open() {
+        let mut p = parser();
+        let mut inputs = p.push("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par");
+        inputs.extend(p.finish());
+        assert!(matches!(&inputs[0], MapperInput::FunctionCallStarted { name, .. } if name == "get_weather"));
+        assert_eq!(inputs[1..], [MapperInput::FunctionCallArgumentsDelta("{\"city\": \"Par".into())]);
+    }
+
+    #[test]
+    fn one_call_becomes_started_arguments_done() {
+        let mut p = parser();
+        let mut inputs = p.push(CALL_A);
+        inputs.extend(p.finish());
+        assert!(
+            matches!(&inputs[0], MapperInput::FunctionCallStarted { name, .. } if name == "get_weather")
+        );
+        assert_eq!(
+            inputs[1],
+            MapperInput::FunctionCallArgumentsDelta(r#"{"city": "Paris"}"#.into())
+        );
+        assert_eq!(inputs[2], MapperInput::FunctionCallDone);
+        assert_eq!(inputs.len(), 3);
+        check(parser, CALL_A, &[r#"get_weather({"city": "Paris"})"#]);
+    }
+
+    #[test]
+    fn two_calls_are_two_items_without_text_between() {
+        let out = format!("{CALL_A}\n{CALL_B}\n");
+        check(
+            parser,
+            &out,
+            &[
+                r#"get_weather({"city": "Paris"})"#,
+                r#"get_time({"tz": "UTC"})"#,
+            ],
+        );
+        let mut p = parser();
+        let ids: Vec<String> = p
+            .push(&out)
+            .into_iter()
+            .filter_map(|i| match i {
+                MapperInput::FunctionCallStarted { call_id, .. } => Some(call_id),
+                _ => None,
+            })
+            .collect();
+        assert!(ids.len() == 2 && ids[0] != ids[1]);
+    }
+
+    #[test]
+    fn text_before_and_after_a_call() {
+        let out = format!("Let me check.\n{CALL_A}\nDone: it is sunny.");
+        check(
+            parser,
+            &out,
+            &[
+                "Let me check.",
+                r#"get_weather({"city": "Paris"})"#,
+                "Done: it is sunny.",
+            ],
+        );
+    }
+
+    #[test]
+    fn malformed_blocks_stay_text() {
+        for out in [
+            "Hi <tool_call>{\"name\": \"get_weather\", oops}</tool_call> bye",
+            "Hi <tool_call>not json</tool_call>",
+            "Hi <tool_call>{\"name\": \"unknown_fn\", \"arguments\": {}}</tool_call>",
+            "Hi <tool_call>{\"name\": \"get_weather\", \"arguments\": [1]}</tool_call>",
+            "Hi <tool_call>{\"name\": \"get_weather\", \"argu",
+            "Hi <tool_call>",
+        ] {
+            check(parser, out, &[out]);
+        }
+        let out = format!("<tool_call>[1]</tool_call>{CALL_B}");
+        check(
+            parser,
+            &out,
+            &["<tool_call>[1]</tool_call>", r#"get_time({"tz": "UTC"})"#],
+        );
+    }
+
+    #[test]
+    fn parallel_tool_calls_false_keeps_the_first_call() {
+        let out = format!("{CALL_A}\n{CALL_B}\n{CALL_A}");
+        let single = || ToolCallParser::new(["get_weather", "get_time"], false, None);
+        check(single, &out, &[r#"get_weather({"city": "Paris"})"#]);
+    }
+
+    #[test]
+    fn max_tool_calls_caps_the_calls() {
+        let out = format!("{CALL_A}{CALL_B}{CALL_A}");
+        let capped = || ToolCallParser::new(["get_weather", "get_time"], true, Some(2));
+        check(
+            capped,
+            &out,
+            &[
+                r#"get_weather({"city": "Paris"})"#,
+                r#"get_time({"tz": "UTC"})"#,
+            ],
+        );
+    }
+
+    #[test]
+    fn argument_variants_and_bare_json() {
+        let out = r#"<tool_call>{"name": "get_time", "parameters": {"tz": "CET"}}</tool_call>"#;
+        check(parser, out, &[r#"get_time({"tz": "CET"})"#]);
+        let out =
+            r#"<tool_call>{"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}</tool_call>"#;
+        check(parser, out, &[r#"get_time({"tz":"CET"})"#]);
+        check(
+            parser,
+            r#"<tool_call>{"name": "get_time"}"#,
+            &["get_time({})"],
+        );
+        let llama = r#" {"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
+        check(parser, llama, &[r#"get_weather({"city": "Oslo"})"#]);
+        check(
+            parser,
+            r#"{"answer": 42} is JSON"#,
+            &[r#"{"answer": 42} is JSON"#],
+        );
+        check(parser, r#"{"name": "x"}"#, &[r#"{"name": "x"}"#]);
+    }
+
+    #[test]
+    fn route_flushes_before_finished_and_for_response_reads_the_request() {
+        let mut p = parser();
+        assert!(p.route(MapperInput::TextDelta("ok <tool_c".into())).len() == 1);
+        let finished = MapperInput::Finished {
+            reason: crate::protocol::FinishKind::Stop,
+            usage: Default::default(),
+        };
+        let out = p.route(finished.clone());
+        assert_eq!(
+            out,
+            vec![MapperInput::TextDelta(" <tool_c".into()), finished]
+        );
+        let req = |extra: Value| {
+            let mut body = json!({"input": "x", "tools": [{"type": "function", "name": "f"}]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let req = validate(body, &RequestLimits::default()).unwrap();
+            ResponseObject::new("resp_1".into(), 0, &req)
+        };
+        assert!(ToolCallParser::for_response(&req(json!({}))).is_some());
+        assert!(ToolCallParser::for_response(&req(json!({"tool_choice": "none"}))).is_none());
+        assert!(ToolCallParser::for_response(&req(json!({"tools": []}))).is_none());
+    }
+}
