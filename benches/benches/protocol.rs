@@ -34,6 +34,7 @@ impl StepRunner for InstantRunner {
             .seqs
             .iter()
             .map(|s| SeqOutput {
+                grammar_ended: false,
                 logits: Vec::new(),
                 sampled: s.sampling.as_ref().map(|_| SampledToken { token, logprob: -0.1, top_logprobs: Vec::new() }),
             })

@@ -18,6 +18,7 @@ fn fake_output(batch: &ForwardBatch, step: u32) -> StepOutput {
         .seqs
         .iter()
         .map(|s| SeqOutput {
+            grammar_ended: false,
             logits: Vec::new(),
             sampled: s.sampling.as_ref().map(|_| SampledToken {
                 token: 97 + (step % 20),

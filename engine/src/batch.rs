@@ -72,6 +72,9 @@ pub struct SeqOutput {
     pub logits: Vec<f32>,
     /// The sampled token, when sampling was asked for.
     pub sampled: Option<SampledToken>,
+    /// The sequence's grammar allowed no token (finished, and the tokenizer
+    /// has no EOS to end on): nothing was sampled and the sequence ends.
+    pub grammar_ended: bool,
 }
 
 /// The result of a forward step, one entry per input sequence, in order.

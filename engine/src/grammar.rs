@@ -15,7 +15,11 @@ use crate::tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{SimpleVob, TokEnv};
 use llguidance::{Matcher, ParserFactory};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+
+/// Compiled grammars kept per compiler (agent loops resend the same tools).
+const CACHE_CAPACITY: usize = 64;
 
 /// Why a grammar could not be built or compiled.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -33,6 +37,33 @@ pub enum GrammarError {
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
     eos: Vec<u32>,
+    cache: Arc<Mutex<GrammarCache>>,
+}
+
+/// Fresh matchers by grammar source, the oldest evicted first.
+#[derive(Default)]
+struct GrammarCache {
+    matchers: HashMap<String, Matcher>,
+    order: VecDeque<String>,
+}
+
+impl GrammarCache {
+    fn get(&self, key: &str) -> Option<Matcher> {
+        self.matchers.get(key).map(Matcher::deep_clone)
+    }
+
+    fn insert(&mut self, key: String, matcher: &Matcher) {
+        if self.matchers.contains_key(&key) {
+            return;
+        }
+        while self.order.len() >= CACHE_CAPACITY {
+            if let Some(old) = self.order.pop_front() {
+                self.matchers.remove(&old);
+            }
+        }
+        self.order.push_back(key.clone());
+        self.matchers.insert(key, matcher.deep_clone());
+    }
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -54,22 +85,36 @@ impl GrammarCompiler {
         let env: TokEnv = bytes.into_tok_env(Some(vocab_size.max(tokenizer.vocab_size()))).map_err(tok_err)?;
         let mut factory = ParserFactory::new_simple(&env).map_err(tok_err)?;
         factory.quiet();
-        Ok(Self { factory: Arc::new(factory), eos })
+        Ok(Self { factory: Arc::new(factory), eos, cache: Arc::default() })
     }
 
-    /// Compiles a Lark grammar (llguidance's dialect) into a fresh constraint.
+    /// Compiles a Lark grammar (llguidance's dialect) into a fresh
+    /// constraint; the same source compiles once while it stays among the
+    /// last 64 cached.
     pub fn compile_lark(&self, lark: &str) -> Result<Constraint, GrammarError> {
-        self.compile(TopLevelGrammar::from_lark(lark.to_string()))
+        self.compile(format!("lark:{lark}"), || TopLevelGrammar::from_lark(lark.to_string()))
     }
 
-    /// Compiles a JSON Schema into a fresh constraint (the whole output is one JSON value).
+    /// Compiles a JSON Schema into a fresh constraint (the whole output is
+    /// one JSON value); cached like [`Self::compile_lark`].
     pub fn compile_json_schema(&self, schema: serde_json::Value) -> Result<Constraint, GrammarError> {
-        self.compile(TopLevelGrammar::from_json_schema(schema))
+        self.compile(format!("json:{schema}"), || TopLevelGrammar::from_json_schema(schema.clone()))
     }
 
-    fn compile(&self, grammar: TopLevelGrammar) -> Result<Constraint, GrammarError> {
-        let parser = self.factory.create_parser(grammar).map_err(|e| GrammarError::Invalid(e.to_string()))?;
-        Ok(Constraint { matcher: Matcher::new(Ok(parser)), eos: self.eos.clone(), gate: None })
+    fn compile(&self, key: String, grammar: impl FnOnce() -> TopLevelGrammar) -> Result<Constraint, GrammarError> {
+        let cached = self.cache.lock().ok().and_then(|c| c.get(&key));
+        let matcher = match cached {
+            Some(m) => m,
+            None => {
+                let parser = self.factory.create_parser(grammar()).map_err(|e| GrammarError::Invalid(e.to_string()))?;
+                let matcher = Matcher::new(Ok(parser));
+                if let Ok(mut cache) = self.cache.lock() {
+                    cache.insert(key, &matcher);
+                }
+                matcher
+            }
+        };
+        Ok(Constraint { matcher, eos: self.eos.clone(), gate: None })
     }
 }
 
@@ -142,8 +187,10 @@ impl Constraint {
         }
     }
 
-    /// Sets the logits of every token the grammar forbids to `-inf`.
-    pub fn mask_logits(&mut self, logits: &mut [f32]) {
+    /// Sets the logits of every token the grammar forbids to `-inf`. False
+    /// when it allows none (the grammar finished or reached a dead end and
+    /// the tokenizer has no EOS): the sequence must end here.
+    pub fn mask_logits(&mut self, logits: &mut [f32]) -> bool {
         let phase = self.gate.map(|g| g.phase);
         if phase == Some(GatePhase::Thinking) {
             // Free text, but the output may not end before the answer the
@@ -153,7 +200,7 @@ impl Constraint {
                     *l = f32::NEG_INFINITY;
                 }
             }
-            return;
+            return true;
         }
         let mut allowed = self.allowed();
         if let (Some(GatePhase::Undecided), Some(gate)) = (phase, self.gate) {
@@ -162,6 +209,7 @@ impl Constraint {
             }
         }
         apply_mask(&allowed, logits);
+        allowed.num_set() > 0
     }
 
     /// Advances past a sampled token. EOS (or any token) after the grammar

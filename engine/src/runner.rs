@@ -58,18 +58,20 @@ impl ModelRunner {
             .par_iter()
             .zip(logits.into_par_iter())
             .map(|(seq, mut logits)| {
-                let sampled = match &seq.sampling {
+                let (sampled, grammar_ended) = match &seq.sampling {
                     Some(s) if logits.len() >= vocab => {
                         let start = logits.len() - vocab;
                         let mut last = logits[start..].to_vec();
-                        Some(sample_one(s, &mut last)?)
+                        let sampled = sample_one(s, &mut last)?;
+                        let ended = sampled.is_none();
+                        (sampled, ended)
                     }
-                    _ => None,
+                    _ => (None, false),
                 };
                 if seq.logits == crate::batch::LogitsRequest::None {
                     logits = Vec::new();
                 }
-                Ok(SeqOutput { logits, sampled })
+                Ok(SeqOutput { logits, sampled, grammar_ended })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(StepOutput { seqs })
@@ -78,24 +80,27 @@ impl ModelRunner {
 
 /// Sample with a generator keyed by (seed, tokens generated so far), so a
 /// seeded sequence draws the same tokens whatever else shares its batch.
-fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<SampledToken> {
+/// `None` when the sequence's grammar allows no token at all.
+fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<Option<SampledToken>> {
     let mut params = s.params.clone();
     if let Some(seed) = params.seed {
         params.seed = Some(mix(seed, s.generated as u64));
     }
     let mut sampler = Sampler::new(params)?;
     let Some(constraint) = &s.constraint else {
-        return Ok(sampler.sample(logits, &s.prompt_tokens, &s.output_tokens));
+        return Ok(Some(sampler.sample(logits, &s.prompt_tokens, &s.output_tokens)));
     };
     let mut constraint = constraint.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    constraint.mask_logits(logits);
+    if !constraint.mask_logits(logits) {
+        return Ok(None);
+    }
     let mut sampled = sampler.sample(logits, &s.prompt_tokens, &s.output_tokens);
     // Forbidden tokens are -inf: they are not alternatives worth reporting.
     sampled.top_logprobs.retain(|(_, lp)| lp.is_finite());
     if let Err(e) = constraint.accept(sampled.token) {
         tracing::warn!("the grammar refused sampled token {}: {e}", sampled.token);
     }
-    Ok(sampled)
+    Ok(Some(sampled))
 }
 
 fn mix(seed: u64, step: u64) -> u64 {

@@ -162,8 +162,15 @@ impl Scheduler {
             let seq = &mut self.running[idx];
             seq.num_computed += n;
             self.kv.commit(&mut seq.kv, &seq.tokens, seq.num_computed, seq.salt);
-            let Some(sampled) = out.sampled else { continue };
-            if !advance(seq, sampled, self.config.context_length) {
+            let done = match out.sampled {
+                Some(sampled) => !advance(seq, sampled, self.config.context_length),
+                None if out.grammar_ended => {
+                    finish(seq, FinishReason::Eos);
+                    true
+                }
+                None => false,
+            };
+            if done {
                 if seq.events.is_closed() {
                     self.metrics.aborted(); // the caller dropped its stream
                 }
@@ -263,7 +270,12 @@ fn advance(seq: &mut Sequence, sampled: spindle_engine::sampling::SampledToken, 
         None if seq.tokens.len() >= context_length => FinishReason::ContextLength,
         None => return true,
     };
+    finish(seq, reason);
+    false
+}
+
+/// Flush held text and send the final event.
+fn finish(seq: &mut Sequence, reason: FinishReason) {
     let text = seq.output.finish().unwrap_or_default();
     seq.send(GenerationEvent::Finished { reason, text, usage: seq.usage });
-    false
 }

@@ -111,3 +111,34 @@ fn a_thinking_gate_leaves_the_reasoning_free_and_constrains_the_answer() {
     inside.accept(close).unwrap();
     assert!(follows(&mut inside, &tok, "ab"));
 }
+
+#[test]
+fn a_dead_end_without_eos_allows_nothing_so_the_sequence_ends() {
+    let (mut g, tok) = compiler();
+    g.eos.clear();
+    let mut c = g.compile_lark("start: \"hello\"").unwrap();
+    let bad = tok.encode("x", false).unwrap()[0];
+    assert!(c.accept(bad).is_err(), "x is outside the grammar");
+    let mut logits = vec![0.0f32; tok.vocab_size() + 5];
+    assert!(!c.mask_logits(&mut logits), "no token may follow a dead end when there is no EOS");
+    assert!(logits.iter().all(|l| *l == f32::NEG_INFINITY));
+    let mut fresh = g.compile_lark("start: \"hello\"").unwrap();
+    assert!(fresh.mask_logits(&mut vec![0.0f32; tok.vocab_size() + 5]));
+}
+
+#[test]
+fn cached_grammars_give_independent_constraints() {
+    let (g, tok) = compiler();
+    let grammar = "start: \"ab\" | \"cd\"";
+    let mut first = g.compile_lark(grammar).unwrap();
+    assert!(follows(&mut first, &tok, "ab"));
+    assert!(first.is_accepting());
+    let mut second = g.compile_lark(grammar).unwrap();
+    assert!(!second.is_accepting(), "a cached grammar starts fresh");
+    assert!(follows(&mut second, &tok, "cd"));
+    for i in 0..(CACHE_CAPACITY + 2) {
+        g.compile_lark(&format!("start: \"x{i}\"")).unwrap();
+    }
+    assert!(g.cache.lock().unwrap().matchers.len() <= CACHE_CAPACITY);
+    assert!(follows(&mut g.compile_lark(grammar).unwrap(), &tok, "ab"), "an evicted grammar compiles again");
+}

@@ -85,14 +85,22 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
         _ => req.model = Some(state.model.name.clone()),
     }
     let history = turn::resolve_history(state, req.previous_response_id.clone(), local_history).await?;
-    let prepared = turn::prepare(state, &req, history)?;
-    let opens_thinking = turn::prompt_opens_thinking(state, &prepared.prompt);
-    let stream = turn::submit(state, &req, prepared.prompt)?;
+    // Rendering, tokenizing and compiling the grammar are CPU work: off the
+    // async threads.
+    let (st, r) = (state.clone(), req.clone());
+    let (history, stream, opens_thinking) = tokio::task::spawn_blocking(move || {
+        let prepared = turn::prepare(&st, &r, history)?;
+        let opens_thinking = turn::prompt_opens_thinking(&st, &prepared.prompt);
+        let stream = turn::submit(&st, &r, prepared.prompt)?;
+        Ok::<_, ApiError>((prepared.history, stream, opens_thinking))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
     let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
     let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning };
-    Ok(StartedTurn { req, stream, mapper, persist, id, history: prepared.history })
+    Ok(StartedTurn { req, stream, mapper, persist, id, history })
 }
 
 async fn background(

@@ -57,16 +57,30 @@ pub async fn run_task(state: Arc<AppState>, live: Arc<LiveTask>, stream: EventSt
     let last = log.next(name, data);
     let record = final_record(live.record(), &last, &response, cancelled);
     log.flush(&state, &live.id).await;
-    let to_store = record.clone();
-    if let Err(e) = with_store(&state, move |s| s.put_task(&to_store)).await {
-        tracing::error!("storing task {} failed: {}", record.id, e.message);
-    }
+    let stored = store_final_record(&state, &record).await;
     if cancelled && stored_response {
         mark_response_cancelled(&state, &response_id).await;
     }
     live.set_record(record);
     live.publish(&[last]);
-    state.tasks.remove(&live.id);
+    if stored {
+        state.tasks.remove(&live.id);
+    }
+    // Else the hub keeps the finished task, so its readers get the final
+    // record instead of the store's stale `in_progress` one.
+}
+
+/// Stores the final record, retrying twice; false when every try failed.
+async fn store_final_record(state: &Arc<AppState>, record: &TaskRecord) -> bool {
+    for (attempt, pause_ms) in [0u64, 50, 250].into_iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        let to_store = record.clone();
+        match with_store(state, move |s| s.put_task(&to_store)).await {
+            Ok(()) => return true,
+            Err(e) => tracing::error!("storing task {} failed (try {}): {}", record.id, attempt + 1, e.message),
+        }
+    }
+    false
 }
 
 /// The task's final record: status from the terminal event, the LMSP response.
