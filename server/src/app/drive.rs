@@ -25,6 +25,9 @@ pub struct Persist {
     pub background: bool,
     /// Splits a thinking model's output into reasoning and answer.
     pub reasoning: Option<super::reasoning::ReasoningSplitter>,
+    /// The prompt's ids; with the generated ids, recorded in the model's
+    /// [`super::ledger::TokenLedger`] when the turn ends without failing.
+    pub prompt: Vec<u32>,
 }
 
 /// Run the generation to its end. With a `sink`, every event is sent as an
@@ -46,6 +49,7 @@ pub async fn drive(
     let mut tool_calls = ToolCallParser::for_response(mapper.response_ref());
     let mut alive = emit(&sink, &mut events, mapper.start()).await;
     let mut held: Vec<String> = Vec::new();
+    let mut generated: Vec<u32> = Vec::new();
     while alive {
         let next = tokio::select! {
             e = stream.recv() => Next::Event(e),
@@ -65,13 +69,22 @@ pub async fn drive(
             Next::Event(Some(e)) => e,
         };
         let terminal = matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. });
+        if let GenerationEvent::Delta { token, .. } = &event {
+            generated.push(token.id);
+        }
         if terminal {
             if let Some(flag) = sink.as_ref().and_then(|s| s.ending.as_ref()) {
                 flag.store(true, std::sync::atomic::Ordering::Release);
             }
         }
-        for input in route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut())) {
-            let out = mapper.push(input);
+        let inputs = route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut()));
+        let outs: Vec<_> = inputs.into_iter().map(|input| mapper.push(input)).collect();
+        if terminal {
+            // Before the client can see the end and send the next turn.
+            let response = serde_json::to_value(mapper.response_ref()).unwrap_or(Value::Null);
+            record_tokens(&state, &response, std::mem::take(&mut persist.prompt), std::mem::take(&mut generated));
+        }
+        for out in outs {
             if terminal && persist.store {
                 // Held back until the response is stored: a client that
                 // chains on `previous_response_id` as soon as it sees
@@ -227,6 +240,22 @@ fn to_mapper_inputs(
         }
         GenerationEvent::Failed { message } => vec![MapperInput::Failed { message }],
     }
+}
+
+/// Records a completed or incomplete turn's ids in the ledger.
+fn record_tokens(state: &AppState, response: &Value, mut prompt: Vec<u32>, generated: Vec<u32>) {
+    let status = response.get("status").and_then(Value::as_str);
+    if !matches!(status, Some("completed" | "incomplete")) || prompt.is_empty() {
+        return;
+    }
+    let Some(id) = response.get("id").and_then(Value::as_str) else { return };
+    let item_ids = response
+        .get("output")
+        .and_then(Value::as_array)
+        .map(|items| items.iter().filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string)).collect())
+        .unwrap_or_default();
+    prompt.extend(generated);
+    state.model.ledger.record(id, item_ids, prompt);
 }
 
 async fn save(state: &Arc<AppState>, response: &Value, persist: Persist, events: Vec<Value>) {

@@ -88,18 +88,18 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
     // Rendering, tokenizing and compiling the grammar are CPU work: off the
     // async threads.
     let (st, r) = (state.clone(), req.clone());
-    let (history, stream, opens_thinking) = tokio::task::spawn_blocking(move || {
+    let (history, stream, opens_thinking, prompt) = tokio::task::spawn_blocking(move || {
         let prepared = turn::prepare(&st, &r, history)?;
         let opens_thinking = turn::prompt_opens_thinking(&st, &prepared.prompt);
-        let stream = turn::submit(&st, &r, prepared.prompt)?;
-        Ok::<_, ApiError>((prepared.history, stream, opens_thinking))
+        let stream = turn::submit(&st, &r, prepared.prompt.clone())?;
+        Ok::<_, ApiError>((prepared.history, stream, opens_thinking, prepared.prompt))
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
     let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
     let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
-    let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning };
+    let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
 }
 

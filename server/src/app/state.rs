@@ -30,6 +30,8 @@ pub struct ModelInfo {
     pub call_format: super::constrain::CallFormat,
     /// The reasoning tags of a thinking model (`None`: answers only).
     pub think_tags: Option<super::reasoning::ThinkTags>,
+    /// Recent turns' token ids, so the next turn's prompt extends them exactly.
+    pub ledger: super::ledger::TokenLedger,
 }
 
 impl ModelInfo {
@@ -45,7 +47,7 @@ impl ModelInfo {
         };
         let call_format = super::constrain::CallFormat::of(&template);
         let think_tags = super::reasoning::ThinkTags::of(&tokenizer, &template);
-        Self { name, tokenizer, template, context_length, created, grammar, call_format, think_tags }
+        Self { name, tokenizer, template, context_length, created, grammar, call_format, think_tags, ledger: Default::default() }
     }
 }
 

@@ -132,9 +132,16 @@ fn check_call_ids(history: &[InputItem], input: &[InputItem]) -> Result<(), ApiE
 
 /// Tools go through the chat template, or the default tool format when the
 /// template has none ([`tools::render_prompt`]).
+/// The ids extend a recorded earlier turn's ids exactly where the text
+/// allows ([`super::ledger`]).
 fn render(state: &AppState, req: &ValidRequest, items: &[InputItem]) -> Result<Vec<u32>, ApiError> {
     let text = tools::render_prompt(&state.model.template, req, items)?;
-    state.model.tokenizer.encode(&text, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
+    let item_ids: Vec<&str> = req.input.iter().filter_map(InputItem::item_id).collect();
+    state
+        .model
+        .ledger
+        .encode(&state.model.tokenizer, &text, req.previous_response_id.as_deref(), &item_ids)
+        .map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
 }
 
 /// Submit to the scheduler with the request's sampling and limits.

@@ -35,6 +35,20 @@ pub enum InputItem {
     ItemReference(ItemReference),
 }
 
+impl InputItem {
+    /// The item's id, when it has one (an output item re-sent as input
+    /// keeps the id it was given).
+    pub fn item_id(&self) -> Option<&str> {
+        match self {
+            Self::Message(m) => m.id.as_deref(),
+            Self::FunctionCall(c) => c.id.as_deref(),
+            Self::Reasoning(r) => r.id.as_deref(),
+            Self::ItemReference(r) => Some(&r.id),
+            Self::FunctionCallOutput(_) | Self::Compaction(_) => None,
+        }
+    }
+}
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
