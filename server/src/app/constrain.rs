@@ -21,6 +21,7 @@ use crate::protocol::request::ValidRequest;
 use crate::protocol::{FunctionTool, SpecificToolChoice, TextFormat, ToolChoice, ToolChoiceMode};
 use serde_json::{json, Value};
 use spindle_engine::chat_template::ChatTemplate;
+use spindle_engine::tokenizer::Tokenizer;
 use super::reasoning::ThinkTags;
 use spindle_engine::grammar::{GrammarCompiler, SharedConstraint};
 
@@ -32,15 +33,34 @@ pub enum CallFormat {
     Hermes,
     /// One bare `{"name": …, "parameters": {…}}` object (Llama 3.1).
     Llama3Json,
+    /// `[TOOL_CALLS] [{"name": …, "arguments": {…}}, …]` (Mistral v3); the
+    /// marker's token id when it is a single (special) token.
+    Mistral(Option<u32>),
 }
 
+/// Mistral's tool-call marker.
+pub const MISTRAL_MARKER: &str = "[TOOL_CALLS]";
+
 impl CallFormat {
-    /// The format a chat template implies.
-    pub fn of(template: &ChatTemplate) -> Self {
-        if !template.uses_tools() || template.source().contains("<tool_call>") {
+    /// The format a chat template implies (`tokenizer` finds Mistral's marker token).
+    pub fn of(template: &ChatTemplate, tokenizer: &Tokenizer) -> Self {
+        let source = template.source();
+        if !template.uses_tools() || source.contains("<tool_call>") {
             Self::Hermes
+        } else if source.contains(MISTRAL_MARKER) {
+            let single = tokenizer.encode(MISTRAL_MARKER, false).ok().filter(|ids| ids.len() == 1).map(|ids| ids[0]);
+            Self::Mistral(single)
         } else {
             Self::Llama3Json
+        }
+    }
+
+    /// The marker token that decodes to no text (special), to be put back
+    /// into the text for the call parser: `(id, text)`.
+    pub fn marker_token(self) -> Option<(u32, &'static str)> {
+        match self {
+            Self::Mistral(Some(id)) => Some((id, MISTRAL_MARKER)),
+            _ => None,
         }
     }
 }
@@ -174,6 +194,7 @@ impl<'a> Plan<'a> {
             let head = match format {
                 CallFormat::Hermes => format!("{{\"name\": {}, \"arguments\": ", json!(tool.name)),
                 CallFormat::Llama3Json => format!("{{\"name\": {}, \"parameters\": ", json!(tool.name)),
+                CallFormat::Mistral(_) => format!("{{\"name\": {}, \"arguments\": ", json!(tool.name)),
             };
             g.push_str(&format!("body_{i}: {} args_{i} \"}}\"\nargs_{i}: %json {}\n", lark_string(&head), with_layout(schema)));
         }
@@ -182,6 +203,7 @@ impl<'a> Plan<'a> {
         let start = match format {
             CallFormat::Hermes => self.hermes(&mut g, text),
             CallFormat::Llama3Json => self.llama3(text),
+            CallFormat::Mistral(marker) => self.mistral(&mut g, text, marker),
         };
         g.insert_str(0, &format!("start: {start}\n"));
         g.push_str("TEXT: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n");
@@ -206,6 +228,24 @@ impl<'a> Plan<'a> {
                 g.push_str(&format!("after_open: \"\\n\" body \"\\n</tool_call>\" {more}\n"));
                 "TEXT | pre after_open".to_string()
             }
+        }
+    }
+
+    /// Mistral rules: the marker (its token, or its text), then a JSON list
+    /// of calls; free text cannot contain the marker. Returns the start expansion.
+    fn mistral(&self, g: &mut String, text: Option<&str>, marker: Option<u32>) -> String {
+        let marker = marker.map_or_else(|| lark_string(MISTRAL_MARKER), |id| format!("<[{id}]>"));
+        let more = match self.max_calls {
+            1 => String::new(),
+            usize::MAX => "(\", \" body)*".to_string(),
+            n => format!("(\", \" body){{0,{}}}", n - 1),
+        };
+        g.push_str(&format!("calls: {marker} \" [\" body {more} \"]\"\n"));
+        g.push_str("MTEXT: /(.|\\n)*/ & ~/(.|\\n)*\\[TOOL_CALLS\\](.|\\n)*/\n");
+        match (self.required, text) {
+            (true, _) => "calls".to_string(),
+            (false, Some(json_text)) => format!("{json_text} | calls"),
+            (false, None) => "MTEXT | MTEXT calls".to_string(),
         }
     }
 

@@ -46,7 +46,7 @@ pub async fn drive(
     let mut timing = Timing::new();
     let deadline = tokio::time::Instant::now() + state.limits.request_timeout;
     let mut draining = state.draining.subscribe();
-    let mut tool_calls = ToolCallParser::for_response(mapper.response_ref());
+    let mut tool_calls = ToolCallParser::for_response(mapper.response_ref(), state.model.call_format);
     let mut alive = emit(&sink, &mut events, mapper.start()).await;
     let mut held: Vec<String> = Vec::new();
     let mut generated: Vec<u32> = Vec::new();
@@ -211,7 +211,13 @@ fn to_mapper_inputs(
 ) -> Vec<MapperInput> {
     match event {
         GenerationEvent::Started { cached_tokens } => vec![MapperInput::Started { cached_tokens }],
-        GenerationEvent::Delta { text, token } => {
+        GenerationEvent::Delta { mut text, token } => {
+            if let Some((id, marker)) = state.model.call_format.marker_token() {
+                if token.id == id && !text.contains(marker) {
+                    // A special marker decodes to nothing; the call parser needs it.
+                    text.insert_str(0, marker);
+                }
+            }
             let now = Instant::now();
             match timing.last {
                 None => state.metrics.ttft((now - timing.start).as_secs_f64()),

@@ -45,7 +45,7 @@ impl ModelInfo {
                 None
             }
         };
-        let call_format = super::constrain::CallFormat::of(&template);
+        let call_format = super::constrain::CallFormat::of(&template, &tokenizer);
         let think_tags = super::reasoning::ThinkTags::of(&tokenizer, &template);
         Self { name, tokenizer, template, context_length, created, grammar, call_format, think_tags, ledger: Default::default() }
     }

@@ -8,6 +8,9 @@
 //!   for `"arguments"`; `arguments` may also be a string holding a JSON
 //!   object; missing or `null` arguments mean `{}`); several blocks are
 //!   parallel calls, each its own `function_call` item;
+//! - Mistral style: `[TOOL_CALLS]` then a JSON list of such objects
+//!   (`[TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]`), with
+//!   [`ToolCallParser::mistral`];
 //! - Llama 3 style: the output *starting* with a bare JSON object
 //!   `{"name": "f", "parameters": {...}}` (or `"arguments"`); such an
 //!   answer is held back until its first object closes.
@@ -30,6 +33,7 @@
 //! one delta.
 
 use super::tool_stream::{match_head, ArgScanner, Head};
+use super::constrain::{CallFormat, MISTRAL_MARKER};
 use super::tools::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use crate::protocol::mapper::{new_call_id, MapperInput};
 use crate::protocol::{ResponseObject, ToolChoice, ToolChoiceMode};
@@ -52,6 +56,8 @@ enum Mode {
     Args,
     /// After a streamed call's arguments: skipping the call object's `}`.
     AfterArgs,
+    /// After Mistral's `[TOOL_CALLS]`: expecting the list's `[`.
+    ListOpen,
 }
 
 /// Result of scanning for the end of a JSON object.
@@ -82,6 +88,11 @@ pub struct ToolCallParser {
     args: ArgScanner,
     /// Whether the streamed call is reported (within the cap).
     emitting: bool,
+    /// Mistral's `[TOOL_CALLS] [call, …]` instead of `<tool_call>` blocks.
+    list: bool,
+    /// What followed the open tag before the call (a list's ` [`), emitted
+    /// after the tag if the block is malformed.
+    held_after: String,
 }
 
 impl ToolCallParser {
@@ -103,13 +114,30 @@ impl ToolCallParser {
             calls: 0,
             args: ArgScanner::default(),
             emitting: false,
+            list: false,
+            held_after: String::new(),
+        }
+    }
+
+    /// Reads Mistral's `[TOOL_CALLS] [call, …]` lists instead of `<tool_call>` blocks.
+    pub fn mistral(mut self) -> Self {
+        self.list = true;
+        self
+    }
+
+    /// The tag that opens calls.
+    fn open_tag(&self) -> &'static str {
+        if self.list {
+            MISTRAL_MARKER
+        } else {
+            TOOL_CALL_OPEN
         }
     }
 
     /// The parser for a response echoing its request: `None` when no call
     /// may be made (no function tools, `tool_choice: "none"` or
     /// `allowed_tools` in mode `none`): text is then text.
-    pub fn for_response(response: &ResponseObject) -> Option<Self> {
+    pub fn for_response(response: &ResponseObject, format: CallFormat) -> Option<Self> {
         let no_calls = match &response.tool_choice {
             ToolChoice::Mode(ToolChoiceMode::None) => true,
             ToolChoice::Specific(crate::protocol::SpecificToolChoice::AllowedTools { mode, .. }) => *mode == ToolChoiceMode::None,
@@ -118,11 +146,8 @@ impl ToolCallParser {
         if response.tools.is_empty() || no_calls || response.max_tool_calls == Some(0) {
             return None;
         }
-        Some(Self::new(
-            response.tools.iter().map(|t| t.name.clone()),
-            response.parallel_tool_calls,
-            response.max_tool_calls,
-        ))
+        let parser = Self::new(response.tools.iter().map(|t| t.name.clone()), response.parallel_tool_calls, response.max_tool_calls);
+        Some(if matches!(format, CallFormat::Mistral(_)) { parser.mistral() } else { parser })
     }
 
     /// Feeds generated text; returns what can be reported so far.
@@ -169,6 +194,7 @@ impl ToolCallParser {
                 Mode::Bare => self.step_bare(end, out),
                 Mode::Args => self.step_args(end, out),
                 Mode::AfterArgs => self.step_after_args(end),
+                Mode::ListOpen => self.step_list_open(end, out),
             };
             if !again {
                 return;
@@ -190,12 +216,13 @@ impl ToolCallParser {
     }
 
     fn step_text(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
-        if let Some(at) = self.buf.find(TOOL_CALL_OPEN) {
+        let open = self.open_tag();
+        if let Some(at) = self.buf.find(open) {
             let before = self.buf[..at].trim_end().to_owned();
             self.held_ws = self.buf[before.len()..at].to_owned();
-            self.buf.drain(..at + TOOL_CALL_OPEN.len());
+            self.buf.drain(..at + open.len());
             self.emit_text(&before, out);
-            self.mode = Mode::Call;
+            self.mode = if self.list { Mode::ListOpen } else { Mode::Call };
             return true;
         }
         if end {
@@ -203,7 +230,7 @@ impl ToolCallParser {
             self.emit_text(&rest, out);
             return false;
         }
-        let keep_from = self.buf.len() - partial_suffix(&self.buf, TOOL_CALL_OPEN);
+        let keep_from = self.buf.len() - partial_suffix(&self.buf, open);
         let ready = self.buf[..keep_from].trim_end().len();
         let text: String = self.buf.drain(..ready).collect();
         self.emit_text(&text, out);
@@ -223,6 +250,7 @@ impl ToolCallParser {
             Head::Complete { name, len } => {
                 self.buf.drain(..lead + len);
                 self.held_ws.clear();
+                self.held_after.clear();
                 self.start_streamed(name, out);
                 return true;
             }
@@ -234,18 +262,22 @@ impl ToolCallParser {
                 Some((name, arguments)) => {
                     self.buf.drain(..lead + n);
                     self.held_ws.clear();
+                    self.held_after.clear();
                     self.accept(name, arguments, out);
                     self.mode = Mode::Close;
                     true
                 }
                 None => self.malformed(out),
             },
-            Scan::Incomplete if end || body.contains(TOOL_CALL_CLOSE) => self.malformed(out),
+            Scan::Incomplete if end || (!self.list && body.contains(TOOL_CALL_CLOSE)) => self.malformed(out),
             Scan::Incomplete => false,
         }
     }
 
     fn step_close(&mut self, end: bool) -> bool {
+        if self.list {
+            return self.step_list_next(end);
+        }
         let trimmed = self.buf.trim_start();
         if let Some(rest) = trimmed.strip_prefix(TOOL_CALL_CLOSE) {
             self.buf = rest.to_owned();
@@ -258,6 +290,38 @@ impl ToolCallParser {
                 return false;
             }
             self.buf.clear();
+        }
+        self.mode = Mode::Text;
+        true
+    }
+
+    /// After `[TOOL_CALLS]`: the list's `[` (else the marker was text).
+    fn step_list_open(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        let trimmed = self.buf.trim_start();
+        if trimmed.is_empty() {
+            return end && self.malformed(out);
+        }
+        let Some(rest) = trimmed.strip_prefix('[') else { return self.malformed(out) };
+        let rest = rest.to_owned();
+        self.held_after = self.buf[..self.buf.len() - rest.len()].to_owned();
+        self.buf = rest;
+        self.mode = Mode::Call;
+        true
+    }
+
+    /// After a call in a list: `,` and the next call, or `]` and text.
+    fn step_list_next(&mut self, end: bool) -> bool {
+        let trimmed = self.buf.trim_start();
+        if trimmed.is_empty() && !end {
+            return false;
+        }
+        if let Some(rest) = trimmed.strip_prefix(',') {
+            self.buf = rest.to_owned();
+            self.mode = Mode::Call;
+            return true;
+        }
+        if let Some(rest) = trimmed.strip_prefix(']') {
+            self.buf = rest.to_owned();
         }
         self.mode = Mode::Text;
         true
@@ -340,7 +404,7 @@ impl ToolCallParser {
     /// The open block is not a call: its tag (with the whitespace before it)
     /// and body go on as text.
     fn malformed(&mut self, out: &mut Vec<MapperInput>) -> bool {
-        let tag = format!("{}{TOOL_CALL_OPEN}", std::mem::take(&mut self.held_ws));
+        let tag = format!("{}{}{}", std::mem::take(&mut self.held_ws), self.open_tag(), std::mem::take(&mut self.held_after));
         self.emit_text(&tag, out);
         self.mode = Mode::Text;
         true
@@ -445,240 +509,4 @@ fn scan_object(text: &str) -> Scan {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use crate::protocol::request::{validate, RequestLimits};
-    use serde_json::json;
-
-    /// Text runs merged; calls as `name(args)`.
-    fn summary(inputs: &[MapperInput]) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        let mut text: Option<String> = None;
-        for input in inputs {
-            match input {
-                MapperInput::TextDelta(t) => text.get_or_insert_with(String::new).push_str(t),
-                MapperInput::FunctionCallStarted { call_id, name } => {
-                    out.extend(text.take());
-                    assert!(call_id.starts_with("call_"));
-                    out.push(format!("{name}("));
-                }
-                MapperInput::FunctionCallArgumentsDelta(a) => {
-                    out.last_mut().unwrap().push_str(a);
-                }
-                MapperInput::FunctionCallDone => out.last_mut().unwrap().push(')'),
-                other => out.push(format!("{other:?}")),
-            }
-        }
-        out.extend(text);
-        out
-    }
-
-    fn parser() -> ToolCallParser {
-        ToolCallParser::new(["get_weather", "get_time"], true, None)
-    }
-
-    /// Runs `output` whole, char by char and in 3-char pieces through
-    /// `make()`; all must give `expected`.
-    fn check(make: impl Fn() -> ToolCallParser, output: &str, expected: &[&str]) {
-        let chars: Vec<char> = output.chars().collect();
-        for size in [usize::MAX, 1, 3] {
-            let mut p = make();
-            let mut inputs = Vec::new();
-            for piece in chars.chunks(size.min(chars.len().max(1))) {
-                inputs.extend(p.push(&piece.iter().collect::<String>()));
-            }
-            inputs.extend(p.finish());
-            assert_eq!(summary(&inputs), expected, "pieces of {size}: {output:?}");
-        }
-    }
-
-    const CALL_A: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-    const CALL_B: &str =
-        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call>";
-
-    #[test]
-    fn plain_text_passes_through_and_streams() {
-        check(
-            parser,
-            "Hello there, friend.\n",
-            &["Hello there, friend.\n"],
-        );
-        check(parser, "a < b and <tool", &["a < b and <tool"]);
-        let mut p = parser();
-        assert_eq!(summary(&p.push("Hello")), ["Hello"]);
-        assert_eq!(summary(&p.push(" <tool_")), Vec::<String>::new());
-        assert_eq!(summary(&p.push("x")), [" <tool_x"]);
-    }
-
-    #[test]
-    fn no_parser_when_no_call_may_be_made() {
-        let tools = json!([{"type": "function", "name": "get_weather"}]);
-        let limits = RequestLimits::default();
-        let response = |extra: serde_json::Value| {
-            let mut body = json!({"model": "m", "input": "x", "tools": tools});
-            for (k, v) in extra.as_object().unwrap() {
-                body[k] = v.clone();
-            }
-            let req = validate(body, &limits).unwrap();
-            crate::protocol::mapper::ResponseMapper::new("r".into(), 0, &req).response()
-        };
-        assert!(ToolCallParser::for_response(&response(json!({}))).is_some());
-        for extra in [json!({"tool_choice": "none"}),
-                      json!({"tool_choice": {"type": "allowed_tools", "mode": "none", "tools": [{"type": "function", "name": "get_weather"}]}})] {
-            assert!(ToolCallParser::for_response(&response(extra.clone())).is_none(), "{extra}");
-        }
-    }
-
-    #[test]
-    fn a_streamed_call_cut_off_by_the_token_limit_stays_open() {
-        let mut p = parser();
-        let mut inputs = p.push("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par");
-        inputs.extend(p.finish());
-        assert!(matches!(&inputs[0], MapperInput::FunctionCallStarted { name, .. } if name == "get_weather"));
-        assert_eq!(inputs[1..], [MapperInput::FunctionCallArgumentsDelta("{\"city\": \"Par".into())]);
-    }
-
-    #[test]
-    fn one_call_becomes_started_arguments_done() {
-        let mut p = parser();
-        let mut inputs = p.push(CALL_A);
-        inputs.extend(p.finish());
-        assert!(
-            matches!(&inputs[0], MapperInput::FunctionCallStarted { name, .. } if name == "get_weather")
-        );
-        assert_eq!(
-            inputs[1],
-            MapperInput::FunctionCallArgumentsDelta(r#"{"city": "Paris"}"#.into())
-        );
-        assert_eq!(inputs[2], MapperInput::FunctionCallDone);
-        assert_eq!(inputs.len(), 3);
-        check(parser, CALL_A, &[r#"get_weather({"city": "Paris"})"#]);
-    }
-
-    #[test]
-    fn two_calls_are_two_items_without_text_between() {
-        let out = format!("{CALL_A}\n{CALL_B}\n");
-        check(
-            parser,
-            &out,
-            &[
-                r#"get_weather({"city": "Paris"})"#,
-                r#"get_time({"tz": "UTC"})"#,
-            ],
-        );
-        let mut p = parser();
-        let ids: Vec<String> = p
-            .push(&out)
-            .into_iter()
-            .filter_map(|i| match i {
-                MapperInput::FunctionCallStarted { call_id, .. } => Some(call_id),
-                _ => None,
-            })
-            .collect();
-        assert!(ids.len() == 2 && ids[0] != ids[1]);
-    }
-
-    #[test]
-    fn text_before_and_after_a_call() {
-        let out = format!("Let me check.\n{CALL_A}\nDone: it is sunny.");
-        check(
-            parser,
-            &out,
-            &[
-                "Let me check.",
-                r#"get_weather({"city": "Paris"})"#,
-                "Done: it is sunny.",
-            ],
-        );
-    }
-
-    #[test]
-    fn malformed_blocks_stay_text() {
-        for out in [
-            "Hi <tool_call>{\"name\": \"get_weather\", oops}</tool_call> bye",
-            "Hi <tool_call>not json</tool_call>",
-            "Hi <tool_call>{\"name\": \"unknown_fn\", \"arguments\": {}}</tool_call>",
-            "Hi <tool_call>{\"name\": \"get_weather\", \"arguments\": [1]}</tool_call>",
-            "Hi <tool_call>{\"name\": \"get_weather\", \"argu",
-            "Hi <tool_call>",
-        ] {
-            check(parser, out, &[out]);
-        }
-        let out = format!("<tool_call>[1]</tool_call>{CALL_B}");
-        check(
-            parser,
-            &out,
-            &["<tool_call>[1]</tool_call>", r#"get_time({"tz": "UTC"})"#],
-        );
-    }
-
-    #[test]
-    fn parallel_tool_calls_false_keeps_the_first_call() {
-        let out = format!("{CALL_A}\n{CALL_B}\n{CALL_A}");
-        let single = || ToolCallParser::new(["get_weather", "get_time"], false, None);
-        check(single, &out, &[r#"get_weather({"city": "Paris"})"#]);
-    }
-
-    #[test]
-    fn max_tool_calls_caps_the_calls() {
-        let out = format!("{CALL_A}{CALL_B}{CALL_A}");
-        let capped = || ToolCallParser::new(["get_weather", "get_time"], true, Some(2));
-        check(
-            capped,
-            &out,
-            &[
-                r#"get_weather({"city": "Paris"})"#,
-                r#"get_time({"tz": "UTC"})"#,
-            ],
-        );
-    }
-
-    #[test]
-    fn argument_variants_and_bare_json() {
-        let out = r#"<tool_call>{"name": "get_time", "parameters": {"tz": "CET"}}</tool_call>"#;
-        check(parser, out, &[r#"get_time({"tz": "CET"})"#]);
-        let out =
-            r#"<tool_call>{"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}</tool_call>"#;
-        check(parser, out, &[r#"get_time({"tz":"CET"})"#]);
-        check(
-            parser,
-            r#"<tool_call>{"name": "get_time"}"#,
-            &["get_time({})"],
-        );
-        let llama = r#" {"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
-        check(parser, llama, &[r#"get_weather({"city": "Oslo"})"#]);
-        check(
-            parser,
-            r#"{"answer": 42} is JSON"#,
-            &[r#"{"answer": 42} is JSON"#],
-        );
-        check(parser, r#"{"name": "x"}"#, &[r#"{"name": "x"}"#]);
-    }
-
-    #[test]
-    fn route_flushes_before_finished_and_for_response_reads_the_request() {
-        let mut p = parser();
-        assert!(p.route(MapperInput::TextDelta("ok <tool_c".into())).len() == 1);
-        let finished = MapperInput::Finished {
-            reason: crate::protocol::FinishKind::Stop,
-            usage: Default::default(),
-        };
-        let out = p.route(finished.clone());
-        assert_eq!(
-            out,
-            vec![MapperInput::TextDelta(" <tool_c".into()), finished]
-        );
-        let req = |extra: Value| {
-            let mut body = json!({"input": "x", "tools": [{"type": "function", "name": "f"}]});
-            body.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
-            let req = validate(body, &RequestLimits::default()).unwrap();
-            ResponseObject::new("resp_1".into(), 0, &req)
-        };
-        assert!(ToolCallParser::for_response(&req(json!({}))).is_some());
-        assert!(ToolCallParser::for_response(&req(json!({"tool_choice": "none"}))).is_none());
-        assert!(ToolCallParser::for_response(&req(json!({"tools": []}))).is_none());
-    }
-}
+mod tests;

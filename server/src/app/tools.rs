@@ -10,7 +10,8 @@
 //! ([`ChatTemplate::uses_tools`]), the tools go to the template as HF's
 //! `{"type":"function","function":{name, description, parameters}}` and the
 //! messages as [`to_chat_messages`] makes them (assistant `tool_calls`, role
-//! `tool`). Otherwise the **default format** (Hermes/Qwen 2.5 style) applies:
+//! `tool`; for Mistral templates, which demand 9-character call ids, each
+//! `call_id` is mapped to one derived from it). Otherwise the **default format** (Hermes/Qwen 2.5 style) applies:
 //!
 //! - The tools section below is appended to the first system message (after
 //!   `\n\n`), or becomes a new leading system message when there is none:
@@ -78,6 +79,9 @@ pub fn render_prompt(
 ) -> Result<String, ApiError> {
     let mut messages = to_chat_messages(req.instructions.as_deref(), items)?;
     let native = template.uses_tools();
+    if native && template.source().contains(super::constrain::MISTRAL_MARKER) {
+        mistral_call_ids(&mut messages);
+    }
     let tools: Vec<Value> = req
         .tools
         .iter()
@@ -93,6 +97,39 @@ pub fn render_prompt(
     template
         .render(&messages, pass, true)
         .map_err(|e| ApiError::invalid("input", format!("the chat template failed: {e}")))
+}
+
+/// Mistral's templates demand 9-character alphanumeric call ids: each
+/// `call_id` becomes one derived from it (the same for a call and its result).
+fn mistral_call_ids(messages: &mut [Value]) {
+    for message in messages.iter_mut() {
+        if let Some(Value::String(id)) = message.get_mut("tool_call_id") {
+            *id = short_call_id(id);
+        }
+        if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+            for call in calls {
+                if let Some(Value::String(id)) = call.get_mut("id") {
+                    *id = short_call_id(id);
+                }
+            }
+        }
+    }
+}
+
+/// Nine base-62 characters from an FNV-1a hash of `id`.
+fn short_call_id(id: &str) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (0..9)
+        .map(|_| {
+            let c = DIGITS[(h % 62) as usize] as char;
+            h /= 62;
+            c
+        })
+        .collect()
 }
 
 /// The default format's tools section for `tools` (byte-identical for the
