@@ -194,3 +194,51 @@ async fn a_tool_loop_turn_extends_the_last_turn_token_for_token() {
     assert!(extended >= 3, "too few seeds completed a call whose turn re-renders exactly");
     assert!(retokenized_differs >= 1, "no seed showed the difference re-tokenizing makes");
 }
+
+/// `reasoning.summary`: the model's reasoning is summarized by a side
+/// generation and streamed as the reasoning item's `summary_text` part,
+/// after its raw reasoning and before the item (and the answer) close.
+#[tokio::test]
+async fn a_summary_asked_for_streams_as_the_reasoning_items_summary_part() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("summarizer");
+    write_tiny_model(&TinyModelOptions::new(TinyArch::Qwen3), &dir).unwrap();
+    make_thinking(&dir, R1_TEMPLATE);
+    let s = common::start_model(dir.to_str().unwrap(), "summarizer", vec![], Limits::default(), 256, |s| Arc::new(s)).await;
+    let mut summarized = 0;
+    for seed in 0..6 {
+        let body = json!({"model": "summarizer", "input": "Is it ok?", "max_output_tokens": 48, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                          "min_p": 0.0, "seed": seed, "stream": true, "reasoning": {"summary": "concise"}});
+        let text = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().text().await.unwrap();
+        let events: Vec<Value> = text.split("\n\n").filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
+            .filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        let response = &events.last().unwrap()["response"];
+        let item = &response["output"][0];
+        assert_eq!(item["type"], "reasoning", "R1-style output starts inside the reasoning: {response}");
+        let Some(added) = kinds.iter().position(|k| *k == "response.reasoning_summary_part.added") else {
+            assert_eq!(item["summary"], json!([]), "no summary events, no summary");
+            continue;
+        };
+        let summary = item["summary"][0]["text"].as_str().unwrap();
+        assert_eq!(item["summary"][0]["type"], "summary_text");
+        assert!(!summary.is_empty());
+        let pos = |k: &str| kinds.iter().position(|x| *x == k).unwrap_or_else(|| panic!("no {k}: {kinds:?}"));
+        let deltas: String = events.iter().filter(|e| e["type"] == "response.reasoning_summary_text.delta")
+            .map(|e| e["delta"].as_str().unwrap()).collect();
+        assert_eq!(deltas, summary);
+        assert!(pos("response.reasoning.done") < added, "the raw reasoning closes first: {kinds:?}");
+        assert!(added < pos("response.reasoning_summary_text.done"));
+        assert!(pos("response.reasoning_summary_text.done") < pos("response.reasoning_summary_part.done"));
+        let item_done = kinds.iter().position(|k| *k == "response.output_item.done").unwrap();
+        assert!(pos("response.reasoning_summary_part.done") < item_done, "the summary closes before its item: {kinds:?}");
+        assert_eq!(events[item_done]["item"]["summary"][0]["text"], summary);
+        summarized += 1;
+    }
+    println!("summaries: {summarized} of 6 seeds");
+    assert!(summarized >= 3, "too few summaries");
+    // Without `reasoning.summary` there is none.
+    let body = json!({"model": "summarizer", "input": "Is it ok?", "max_output_tokens": 24, "seed": 1});
+    let r: Value = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["output"][0]["summary"], json!([]), "{r}");
+}

@@ -25,6 +25,8 @@ pub struct Persist {
     pub background: bool,
     /// Splits a thinking model's output into reasoning and answer.
     pub reasoning: Option<super::reasoning::ReasoningSplitter>,
+    /// `reasoning.summary` as asked (see [`super::summary`]).
+    pub summary: Option<crate::protocol::ReasoningSummary>,
     /// The prompt's ids; with the generated ids, recorded in the model's
     /// [`super::ledger::TokenLedger`] when the turn ends without failing.
     pub prompt: Vec<u32>,
@@ -42,6 +44,7 @@ pub async fn drive(
     mut persist: Persist,
 ) -> Value {
     let mut reasoning = persist.reasoning.take();
+    let mut summarizer = super::summary::Summarizer::new(persist.summary, state.model.think_tags);
     let mut events: Vec<Value> = Vec::new();
     let mut timing = Timing::new();
     let deadline = tokio::time::Instant::now() + state.limits.request_timeout;
@@ -77,7 +80,10 @@ pub async fn drive(
                 flag.store(true, std::sync::atomic::Ordering::Release);
             }
         }
-        let inputs = route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut()));
+        let mut inputs = route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut()));
+        if let Some(s) = summarizer.as_mut() {
+            inputs = s.interleave(&state, inputs).await;
+        }
         let outs: Vec<_> = inputs.into_iter().map(|input| mapper.push(input)).collect();
         if terminal {
             // Before the client can see the end and send the next turn.

@@ -14,6 +14,7 @@ pub mod responses;
 pub mod seal;
 pub mod sse;
 pub mod state;
+pub mod summary;
 pub mod tool_parser;
 pub mod tool_stream;
 pub mod tools;

@@ -99,7 +99,8 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
     let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
     let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
-    let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt };
+    let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt,
+        summary: req.reasoning.and_then(|r| r.summary) };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
 }
 

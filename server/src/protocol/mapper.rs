@@ -21,6 +21,7 @@
 //! are ignored; a response that finishes with no output gets one empty
 //! message, so `output` is never empty.
 
+mod summary;
 use super::error::ApiError;
 use super::events::{
     ArgumentsDeltaEvent, ArgumentsDoneEvent, ContentPartEvent, ErrorEvent, OutputItemEvent,
@@ -103,6 +104,9 @@ pub enum MapperInput {
     },
     /// Raw reasoning text (a `reasoning` item).
     ReasoningDelta(String),
+    /// Summary text of the open reasoning item (`reasoning.summary`); the
+    /// part closes with the item.
+    ReasoningSummaryDelta(String),
     /// The model began a function call.
     FunctionCallStarted {
         /// `call_…` (see [`new_call_id`]).
@@ -164,6 +168,8 @@ pub struct ResponseMapper {
     response: ResponseObject,
     next_sequence: u64,
     open: Option<Open>,
+    /// The open reasoning item's streaming summary part.
+    summary_part: Option<usize>,
     cached_tokens: usize,
     created: bool,
     started: bool,
@@ -178,6 +184,7 @@ impl ResponseMapper {
             response: ResponseObject::new(response_id, created_at, request),
             next_sequence: 0,
             open: None,
+            summary_part: None,
             cached_tokens: 0,
             created: false,
             started: false,
@@ -251,6 +258,7 @@ impl ResponseMapper {
                 self.text_delta(text, logprobs, &mut events)
             }
             MapperInput::ReasoningDelta(text) => self.reasoning_delta(text, &mut events),
+            MapperInput::ReasoningSummaryDelta(text) => self.summary_delta(text, &mut events),
             MapperInput::FunctionCallStarted { call_id, name } => {
                 self.close_open(ItemStatus::Completed, &mut events);
                 self.open_function_call(call_id, name, &mut events);
@@ -482,6 +490,7 @@ impl ResponseMapper {
         let Some(open) = self.open.take() else { return };
         let index = open_index(open);
         match open {
+            Open::Reasoning(_) if self.summary_part.is_some() => self.close_summary(index, events),
             Open::Message(_) | Open::Reasoning(_) => self.close_part(index, events),
             Open::FunctionCall(_) => {
                 if let Some(OutputItem::FunctionCall(f)) = self.response.output.get(index) {
