@@ -9,6 +9,9 @@ use half::bf16;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod attention;
+pub use attention::{DecodeShape, DECODE_PARTITION, MAX_HEAD_DIM};
+
 /// Why the GPU cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -32,6 +35,9 @@ pub enum CudaError {
     /// Sizes that do not fit the kernel's integer arguments.
     #[error("size {0} is too large for this kernel")]
     TooLarge(usize),
+    /// A geometry the kernel does not take.
+    #[error("unsupported shape: {0}")]
+    Shape(String),
 }
 
 /// Whether the CUDA driver library can be loaded (never panics).

@@ -5,7 +5,9 @@
 //!
 //! Kernels so far (bf16 data, f32 math): `add_rmsnorm_bf16` (RMSNorm with
 //! the residual add fused), `silu_mul_bf16`, `embedding_bf16`,
-//! `rope_neox_bf16`, launched through [`device::Gpu`] and checked against CPU
+//! `rope_neox_bf16`, `kv_write_bf16` (new keys/values into their paged
+//! slots) and `paged_decode_bf16` + `decode_reduce_bf16` (decode attention
+//! over the paged cache, GQA, split along the context), launched through [`device::Gpu`] and checked against CPU
 //! references by `tests/gpu_kernels.rs` on a machine with a GPU. The engine's
 //! CUDA backend that uses them is not built yet.
 
@@ -42,7 +44,7 @@ mod tests {
     fn every_kernel_is_embedded_as_sm90a_sass_and_isa_9_0_ptx() {
         let mut names: Vec<&str> = MODULES.iter().flat_map(|m| m.functions.iter().copied()).collect();
         names.sort_unstable();
-        assert_eq!(names, ["add_rmsnorm_bf16", "embedding_bf16", "rope_neox_bf16", "silu_mul_bf16"]);
+        assert_eq!(names, ["add_rmsnorm_bf16", "decode_reduce_bf16", "embedding_bf16", "kv_write_bf16", "paged_decode_bf16", "rope_neox_bf16", "silu_mul_bf16"]);
         for m in MODULES {
             assert_eq!(&m.cubin[..4], b"\x7fELF", "{}: cubin is an ELF image", m.name);
             assert!(m.ptx.contains(".version 9.0"), "{}: PTX ISA must stay 9.0", m.name);

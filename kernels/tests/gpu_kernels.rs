@@ -155,3 +155,104 @@ fn no_driver_is_an_error_not_a_panic() {
     let err = Gpu::open(0).unwrap_err();
     assert!(err.to_string().contains("no CUDA driver"), "{err}");
 }
+
+#[test]
+fn kv_write_fills_the_slots_and_skips_negative_ones() {
+    let Some(g) = gpu() else { return };
+    let (slots_total, kv_dim) = (40usize, 96usize);
+    let (k, v) = (random(5 * kv_dim, 8, 1.0), random(5 * kv_dim, 9, 1.0));
+    let slots: Vec<i64> = vec![3, 39, -1, 0, 17];
+    let before = random(slots_total * kv_dim, 10, 1.0);
+    let (mut kc, mut vc) = (g.stream.clone_htod(&before).unwrap(), g.stream.clone_htod(&before).unwrap());
+    g.kv_write(&mut kc, &mut vc, &g.stream.clone_htod(&k).unwrap(), &g.stream.clone_htod(&v).unwrap(),
+               &g.stream.clone_htod(&slots).unwrap(), slots.len(), kv_dim).unwrap();
+    let (kc, vc) = (g.stream.clone_dtoh(&kc).unwrap(), g.stream.clone_dtoh(&vc).unwrap());
+    let (mut want_k, mut want_v) = (before.clone(), before);
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot >= 0 {
+            let s = slot as usize * kv_dim;
+            want_k[s..s + kv_dim].copy_from_slice(&k[t * kv_dim..(t + 1) * kv_dim]);
+            want_v[s..s + kv_dim].copy_from_slice(&v[t * kv_dim..(t + 1) * kv_dim]);
+        }
+    }
+    assert_eq!(kc, want_k);
+    assert_eq!(vc, want_v);
+}
+
+/// Softmax attention of one query head over `context` cached tokens, in f64.
+#[allow(clippy::too_many_arguments)]
+fn attend_reference(q: &[f32], kc: &[f32], vc: &[f32], table: &[i32], context: usize, kvh: usize, kv_dim: usize, block_size: usize, scale: f32) -> Vec<f32> {
+    let head_dim = q.len();
+    let slot = |t: usize| table[t / block_size] as usize * block_size + t % block_size;
+    let scores: Vec<f64> = (0..context)
+        .map(|t| {
+            let k = &kc[slot(t) * kv_dim + kvh * head_dim..][..head_dim];
+            q.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() * f64::from(scale)
+        })
+        .collect();
+    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    (0..head_dim)
+        .map(|d| (0..context).map(|t| weights[t] * f64::from(vc[slot(t) * kv_dim + kvh * head_dim + d])).sum::<f64>() / total)
+        .map(|x| x as f32)
+        .collect()
+}
+
+#[test]
+fn paged_decode_matches_the_cpu_across_partitions_and_gqa() {
+    use spindle_kernels::device::DecodeShape;
+    let Some(g) = gpu() else { return };
+    // (heads, kv_heads, head_dim, block_size, context lengths): one split, several, GQA and MHA, odd lengths.
+    let cases: [(usize, usize, usize, usize, &[usize]); 4] = [
+        (4, 4, 64, 16, &[1, 17]),
+        (8, 2, 128, 16, &[300, 1, 255, 256, 257]),
+        (6, 3, 80, 32, &[1000, 33]),
+        (32, 8, 128, 16, &[4096]),
+    ];
+    for (heads, kv_heads, head_dim, block_size, contexts) in cases {
+        let seqs = contexts.len();
+        let max_context = *contexts.iter().max().unwrap();
+        let max_blocks = max_context.div_ceil(block_size);
+        let num_blocks = seqs * max_blocks + 3;
+        let kv_dim = kv_heads * head_dim;
+        // Each sequence's blocks are scattered over the pool (a fixed permutation).
+        let mut tables = vec![0i32; seqs * max_blocks];
+        for (i, b) in tables.iter_mut().enumerate() {
+            *b = ((i * 7919 + 5) % num_blocks) as i32;
+        }
+        let kc = random(num_blocks * block_size * kv_dim, 11, 1.0);
+        let vc = random(num_blocks * block_size * kv_dim, 12, 1.0);
+        let q = random(seqs * heads * head_dim, 13, 1.0);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let shape = DecodeShape { seqs, heads, kv_heads, head_dim, block_size, max_blocks, max_context };
+        let lens: Vec<i32> = contexts.iter().map(|&c| c as i32).collect();
+        let mut out = poisoned(&g, seqs * heads * head_dim);
+        g.paged_decode(&mut out, &g.stream.clone_htod(&q).unwrap(), &g.stream.clone_htod(&kc).unwrap(), &g.stream.clone_htod(&vc).unwrap(),
+                       &g.stream.clone_htod(&tables).unwrap(), &g.stream.clone_htod(&lens).unwrap(), shape, scale).unwrap();
+        let got = g.stream.clone_dtoh(&out).unwrap();
+        let (qf, kf, vf) = (f32s(&q), f32s(&kc), f32s(&vc));
+        let mut reference = Vec::with_capacity(got.len());
+        for (s, &context) in contexts.iter().enumerate() {
+            for h in 0..heads {
+                let qh = &qf[(s * heads + h) * head_dim..][..head_dim];
+                let table = &tables[s * max_blocks..(s + 1) * max_blocks];
+                reference.extend(attend_reference(qh, &kf, &vf, table, context, h / (heads / kv_heads), kv_dim, block_size, scale));
+            }
+        }
+        let err = rel_err(&got, &reference);
+        assert!(err < TOLERANCE, "{shape:?}: rel err {err}");
+    }
+}
+
+#[test]
+fn paged_decode_rejects_shapes_it_does_not_take() {
+    use spindle_kernels::device::DecodeShape;
+    let Some(g) = gpu() else { return };
+    let one = g.stream.clone_htod(&[bf16::ZERO; 8]).unwrap();
+    let ints = g.stream.clone_htod(&[0i32; 2]).unwrap();
+    let mut out = poisoned(&g, 8);
+    let shape = DecodeShape { seqs: 1, heads: 3, kv_heads: 2, head_dim: 8, block_size: 16, max_blocks: 1, max_context: 1 };
+    let err = g.paged_decode(&mut out, &one, &one, &one, &ints, &ints, shape, 1.0).unwrap_err();
+    assert!(err.to_string().contains("multiple of kv_heads"), "{err}");
+}

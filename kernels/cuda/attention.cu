@@ -1,0 +1,150 @@
+// Paged KV cache: writing new keys/values into their slots, and decode
+// attention (one query token per sequence) over the paged cache, split along
+// the context (flash-decoding) so long contexts use the whole GPU.
+//
+// Cache layout (the CPU backend's, per layer): slot s = block * block_size +
+// offset holds one key row and one value row of kv_dim = kv_heads * head_dim
+// values at [s * kv_dim]. A sequence's block table lists its blocks in order.
+#include "common.cuh"
+
+// Tokens of context one block of the decode kernel handles.
+#define PARTITION 256
+// Threads of the decode kernel (4 warps).
+#define DECODE_THREADS 128
+// Widest head the decode kernel takes.
+#define MAX_HEAD_DIM 256
+
+// One block per token: k_cache[slot] = k[token], v_cache[slot] = v[token]
+// (rows of kv_dim). A negative slot skips the token (padding).
+extern "C" __global__ void kv_write_bf16(bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+                                         const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                         const long long* __restrict__ slots, int kv_dim) {
+    const size_t token = blockIdx.x;
+    const long long slot = slots[token];
+    if (slot < 0) return;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        k_cache[(size_t)slot * kv_dim + i] = k[token * kv_dim + i];
+        v_cache[(size_t)slot * kv_dim + i] = v[token * kv_dim + i];
+    }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// Max of `v` over the block (blockDim.x a multiple of 32); every thread gets it.
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int warps = (blockDim.x + 31) >> 5;
+    if (warp == 0) {
+        float w = lane < warps ? partial[lane] : -INFINITY;
+        w = warp_max(w);
+        if (lane == 0) partial[0] = w;
+    }
+    __syncthreads();
+    const float total = partial[0];
+    __syncthreads();
+    return total;
+}
+
+// Grid (heads, seqs, partitions), DECODE_THREADS threads. Block (h, s, p)
+// attends query head h of sequence s over context tokens
+// [p * PARTITION, min((p + 1) * PARTITION, context_lens[s])) with the
+// sequence's kv head h / (heads / kv_heads).
+// With one partition it writes the normalized result to out[s, h]; with
+// several it writes its normalized partial to part_out[s, h, p] and its max
+// and exp-sum to part_max / part_sum, for decode_reduce_bf16.
+// q and out are [seqs, heads, head_dim]; block_tables [seqs, max_blocks].
+extern "C" __global__ void paged_decode_bf16(bf16* __restrict__ out, float* __restrict__ part_out,
+                                             float* __restrict__ part_max, float* __restrict__ part_sum,
+                                             const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+                                             const bf16* __restrict__ v_cache, const int* __restrict__ block_tables,
+                                             const int* __restrict__ context_lens, int max_blocks, int heads,
+                                             int kv_heads, int head_dim, int block_size, float scale) {
+    __shared__ float q_s[MAX_HEAD_DIM];
+    __shared__ float scores[PARTITION];
+    const int h = blockIdx.x, s = blockIdx.y, p = blockIdx.z;
+    const int partitions = gridDim.z;
+    const int context = context_lens[s];
+    const int first = p * PARTITION;
+    const int last = min(first + PARTITION, context);
+    const int kv_dim = kv_heads * head_dim;
+    const int kvh = h / (heads / kv_heads);
+    const bf16* qh = q + ((size_t)s * heads + h) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) q_s[d] = to_f32(qh[d]) * scale;
+    __syncthreads();
+
+    const int* table = block_tables + (size_t)s * max_blocks;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    // Scores: one warp per token, lanes across the head.
+    for (int t = first + warp; t < last; t += warps) {
+        const size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+        const bf16* kr = k_cache + slot * kv_dim + (size_t)kvh * head_dim;
+        float dot = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) dot += q_s[d] * to_f32(kr[d]);
+        dot = warp_sum(dot);
+        if (lane == 0) scores[t - first] = dot;
+    }
+    __syncthreads();
+    const int n = last > first ? last - first : 0;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, scores[i]);
+    m = block_max(m);
+    float local = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float e = __expf(scores[i] - m);
+        scores[i] = e;
+        local += e;
+    }
+    const float sum = block_sum(local);  // (block_sum synchronizes, so scores are visible)
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+
+    // Values: threads across the head, tokens in order (coalesced rows).
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = first; t < last; ++t) {
+            const size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+            acc += scores[t - first] * to_f32(v_cache[slot * kv_dim + (size_t)kvh * head_dim + d]);
+        }
+        acc *= inv;
+        if (partitions == 1) {
+            out[((size_t)s * heads + h) * head_dim + d] = to_bf16(acc);
+        } else {
+            part_out[(((size_t)s * heads + h) * partitions + p) * head_dim + d] = acc;
+        }
+    }
+    if (partitions > 1 && threadIdx.x == 0) {
+        const size_t i = ((size_t)s * heads + h) * partitions + p;
+        part_max[i] = n > 0 ? m : -INFINITY;
+        part_sum[i] = n > 0 ? sum : 0.0f;
+    }
+}
+
+// Grid (heads, seqs): combines the partitions of paged_decode_bf16,
+// out = sum_p w_p * part_out_p / sum_p w_p with w_p = part_sum_p * exp(part_max_p - max).
+extern "C" __global__ void decode_reduce_bf16(bf16* __restrict__ out, const float* __restrict__ part_out,
+                                              const float* __restrict__ part_max, const float* __restrict__ part_sum,
+                                              const int* __restrict__ context_lens, int heads, int head_dim,
+                                              int partitions) {
+    const int h = blockIdx.x, s = blockIdx.y;
+    const int used = (context_lens[s] + PARTITION - 1) / PARTITION;
+    const size_t base = ((size_t)s * heads + h) * partitions;
+    float m = -INFINITY;
+    for (int p = 0; p < used; ++p) m = fmaxf(m, part_max[base + p]);
+    float total = 0.0f;
+    for (int p = 0; p < used; ++p) total += part_sum[base + p] * __expf(part_max[base + p] - m);
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int p = 0; p < used; ++p) {
+            acc += part_sum[base + p] * __expf(part_max[base + p] - m) * part_out[(base + p) * head_dim + d];
+        }
+        out[((size_t)s * heads + h) * head_dim + d] = to_bf16(acc * inv);
+    }
+}

@@ -1,0 +1,142 @@
+//! Launches of the paged-KV kernels (`cuda/attention.cu`): writing new keys
+//! and values into their cache slots, and decode attention split along the
+//! context (flash-decoding) with a reduction over the splits.
+
+use super::{int, CudaError, Gpu};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+/// Context tokens one decode block handles (`PARTITION` in attention.cu).
+pub const DECODE_PARTITION: usize = 256;
+/// Widest head the decode kernel takes (`MAX_HEAD_DIM` in attention.cu).
+pub const MAX_HEAD_DIM: usize = 256;
+const DECODE_THREADS: u32 = 128;
+
+/// The geometry of one decode attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Sequences (one query token each).
+    pub seqs: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Width of one head (at most [`MAX_HEAD_DIM`]).
+    pub head_dim: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// Columns of the block-table matrix.
+    pub max_blocks: usize,
+    /// The longest context among the sequences.
+    pub max_context: usize,
+}
+
+impl DecodeShape {
+    /// Context splits of [`DECODE_PARTITION`] tokens for the longest sequence.
+    pub fn partitions(&self) -> usize {
+        self.max_context.div_ceil(DECODE_PARTITION).max(1)
+    }
+
+    fn check(&self) -> Result<(), CudaError> {
+        let bad = |why: &str| Err(CudaError::Shape(format!("{why}: {self:?}")));
+        if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
+            return bad("head_dim must be 1..=256");
+        }
+        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+            return bad("heads must be a multiple of kv_heads");
+        }
+        if self.block_size == 0 || self.max_blocks * self.block_size < self.max_context {
+            return bad("the block tables do not cover the context");
+        }
+        Ok(())
+    }
+}
+
+impl Gpu {
+    /// `k_cache[slots[t]] = k[t]` and `v_cache[slots[t]] = v[t]` for `tokens`
+    /// rows of `kv_dim`; a negative slot skips its token.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_write(
+        &self,
+        k_cache: &mut CudaSlice<bf16>,
+        v_cache: &mut CudaSlice<bf16>,
+        k: &CudaSlice<bf16>,
+        v: &CudaSlice<bf16>,
+        slots: &CudaSlice<i64>,
+        tokens: usize,
+        kv_dim: usize,
+    ) -> Result<(), CudaError> {
+        let f = self.function("kv_write_bf16")?;
+        if tokens == 0 || kv_dim == 0 {
+            return Ok(());
+        }
+        let dim32 = int(kv_dim)?;
+        let cfg = LaunchConfig { grid_dim: (int(tokens)? as u32, 1, 1), block_dim: (super::row_block(kv_dim), 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(k_cache).arg(v_cache).arg(k).arg(v).arg(slots).arg(&dim32);
+        // SAFETY: k and v hold tokens * kv_dim values, slots tokens; every
+        // non-negative slot is inside the caches (the caller's contract).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Decode attention: `out[s, h] = softmax(scale · q[s, h] · K_s) · V_s`
+    /// over the first `context_lens[s]` tokens of sequence `s`'s blocks
+    /// (`block_tables` is `[seqs, max_blocks]`), GQA by `heads / kv_heads`.
+    /// `q` and `out` are `[seqs, heads, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_decode(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        q: &CudaSlice<bf16>,
+        k_cache: &CudaSlice<bf16>,
+        v_cache: &CudaSlice<bf16>,
+        block_tables: &CudaSlice<i32>,
+        context_lens: &CudaSlice<i32>,
+        shape: DecodeShape,
+        scale: f32,
+    ) -> Result<(), CudaError> {
+        let decode = self.function("paged_decode_bf16")?;
+        let reduce = self.function("decode_reduce_bf16")?;
+        if shape.seqs == 0 || shape.heads == 0 {
+            return Ok(());
+        }
+        shape.check()?;
+        let parts = shape.partitions();
+        let (max_blocks, heads, kv_heads) = (int(shape.max_blocks)?, int(shape.heads)?, int(shape.kv_heads)?);
+        let (head_dim, block_size, parts32) = (int(shape.head_dim)?, int(shape.block_size)?, int(parts)?);
+        let grid = (heads as u32, int(shape.seqs)? as u32, parts32 as u32);
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let partials = shape.seqs * shape.heads * parts;
+        let work = if parts > 1 {
+            Some((
+                self.stream.alloc_zeros::<f32>(partials * shape.head_dim)?,
+                self.stream.alloc_zeros::<f32>(partials)?,
+                self.stream.alloc_zeros::<f32>(partials)?,
+            ))
+        } else {
+            None
+        };
+        let null = 0u64;
+        let mut launch = self.stream.launch_builder(decode);
+        launch.arg(&mut *out);
+        match &work {
+            Some((o, m, s)) => launch.arg(o).arg(m).arg(s),
+            None => launch.arg(&null).arg(&null).arg(&null),
+        };
+        launch.arg(q).arg(k_cache).arg(v_cache).arg(block_tables).arg(context_lens);
+        launch.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&block_size).arg(&scale);
+        // SAFETY: the arguments match the kernel; q/out hold seqs * heads *
+        // head_dim values, the tables seqs * max_blocks valid block ids, and
+        // the partial buffers seqs * heads * parts (* head_dim) values.
+        unsafe { launch.launch(cfg) }?;
+        if let Some((o, m, s)) = &work {
+            let cfg = LaunchConfig { grid_dim: (heads as u32, grid.1, 1), block_dim: (super::row_block(shape.head_dim), 1, 1), shared_mem_bytes: 0 };
+            let mut launch = self.stream.launch_builder(reduce);
+            launch.arg(out).arg(o).arg(m).arg(s).arg(context_lens).arg(&heads).arg(&head_dim).arg(&parts32);
+            // SAFETY: as above; the reduction reads what the decode wrote.
+            unsafe { launch.launch(cfg) }?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The prepared GPU check (issue 6, part 7), in two steps:
+#
+#   tools/gpu-check.sh prepare   # here (no GPU needed): builds the CUDA kernel
+#                                # tests and benchmarks into gpu-check/bin
+#   tools/gpu-check.sh run       # on the device machine (no Rust there), with
+#                                # gpu-check/bin carried: correctness, sanitizers,
+#                                # benchmarks; a report in $OUT (or gpu-check/)
+#
+# `run` needs only the NVIDIA driver; compute-sanitizer is used when found
+# (PATH, CUDA_HOME or /usr/local/cuda). Exit status: 1 if a correctness
+# check failed, else 0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=gpu-check/bin
+
+prepare() {
+    bash scripts/install-nvcc.sh >/dev/null
+    mkdir -p "$BIN"
+    local test_bin
+    test_bin=$(cargo test --release -p spindle-kernels --features cuda --test gpu_kernels --no-run --message-format=json 2>/dev/null \
+        | grep -o '"executable":"[^"]*gpu_kernels[^"]*"' | tail -1 | cut -d'"' -f4)
+    [ -n "$test_bin" ] || { echo "could not build the kernel tests" >&2; exit 1; }
+    cp "$test_bin" "$BIN/gpu_kernels"
+    cargo build --release -p spindle-kernels --features cuda --example paged_decode_bench
+    cp target/release/examples/paged_decode_bench "$BIN/"
+    ls -l "$BIN"
+}
+
+find_sanitizer() {
+    for c in compute-sanitizer "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer; do
+        if command -v "$c" >/dev/null 2>&1; then command -v "$c"; return; fi
+    done
+}
+
+run() {
+    local out=${OUT:-gpu-check}
+    mkdir -p "$out"
+    local report="$out/gpu-check.md" status=0
+    {
+        echo "# GPU check $(date -u +%FT%TZ)"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/device: /' || true
+        echo
+        echo "## Kernel correctness (GPU vs CPU reference)"
+        echo '```'
+    } > "$report"
+    if "$BIN/gpu_kernels" --test-threads=1 --nocapture >> "$report" 2>&1; then echo "kernels: ok"; else echo "kernels: FAILED"; status=1; fi
+    echo '```' >> "$report"
+    local sanitizer
+    sanitizer=$(find_sanitizer || true)
+    for tool in memcheck racecheck; do
+        echo "## compute-sanitizer $tool" >> "$report"
+        if [ -z "$sanitizer" ]; then echo "not found on this machine" >> "$report"; continue; fi
+        echo '```' >> "$report"
+        if "$sanitizer" --tool "$tool" --error-exitcode 9 "$BIN/gpu_kernels" --test-threads=1 >> "$report" 2>&1; then
+            echo "$tool: clean"
+        else
+            echo "$tool: ERRORS"; status=1
+        fi
+        echo '```' >> "$report"
+    done
+    {
+        echo "## Paged decode attention bandwidth (8B geometry: 32 q heads, 8 kv heads, head_dim 128)"
+        echo '```'
+        "$BIN/paged_decode_bench" 2>&1 || true
+        echo '```'
+    } >> "$report"
+    cat "$report"
+    return $status
+}
+
+case "${1:-}" in
+    prepare) prepare ;;
+    run) run ;;
+    *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+esac
