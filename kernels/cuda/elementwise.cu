@@ -44,3 +44,25 @@ extern "C" __global__ void rope_neox_bf16(bf16* __restrict__ x, const int* __res
         v[i + half] = to_bf16(b * c + a * s);
     }
 }
+
+// Rotary embedding in place from precomputed tables: x = [tokens, heads,
+// head_dim], cos/sin = [tokens, head_dim / 2] (f32, computed by the host with
+// the model's frequencies and scaling). `interleaved`: pairs (2i, 2i + 1)
+// (llama.cpp's normal mode); else halves (i, i + head_dim / 2).
+// One block per (token, head).
+extern "C" __global__ void rope_table_bf16(bf16* __restrict__ x, const float* __restrict__ cos_t,
+                                           const float* __restrict__ sin_t, int heads, int head_dim,
+                                           int interleaved) {
+    const int token = blockIdx.x / heads;
+    const int half = head_dim / 2;
+    bf16* row = x + (size_t)blockIdx.x * head_dim;
+    const float* c = cos_t + (size_t)token * half;
+    const float* s = sin_t + (size_t)token * half;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const int ia = interleaved ? 2 * i : i;
+        const int ib = interleaved ? 2 * i + 1 : i + half;
+        const float a = to_f32(row[ia]), b = to_f32(row[ib]);
+        row[ia] = to_bf16(a * c[i] - b * s[i]);
+        row[ib] = to_bf16(a * s[i] + b * c[i]);
+    }
+}

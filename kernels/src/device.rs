@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 mod attention;
+mod dense;
 pub use attention::{DecodeShape, DECODE_PARTITION, MAX_HEAD_DIM};
+pub use dense::GemmOut;
 
 /// Why the GPU cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -256,3 +256,53 @@ fn paged_decode_rejects_shapes_it_does_not_take() {
     let err = g.paged_decode(&mut out, &one, &one, &one, &ints, &ints, shape, 1.0).unwrap_err();
     assert!(err.to_string().contains("multiple of kv_heads"), "{err}");
 }
+
+#[test]
+fn gemm_matches_the_cpu_for_odd_shapes_and_both_outputs() {
+    let Some(g) = gpu() else { return };
+    for (m, n, k) in [(1, 1, 1), (3, 65, 17), (64, 64, 64), (7, 576, 1536), (130, 49, 200)] {
+        let (x, w) = (random(m * k, 14, 1.0), random(n * k, 15, 1.0));
+        let (dx, dw) = (g.stream.clone_htod(&x).unwrap(), g.stream.clone_htod(&w).unwrap());
+        let (xf, wf) = (f32s(&x), f32s(&w));
+        let reference: Vec<f32> = (0..m * n)
+            .map(|i| (0..k).map(|j| f64::from(xf[(i / n) * k + j]) * f64::from(wf[(i % n) * k + j])).sum::<f64>() as f32)
+            .collect();
+        let mut y16 = poisoned(&g, m * n);
+        g.gemm(&mut y16, &dx, &dw, m, n, k).unwrap();
+        let err = rel_err(&g.stream.clone_dtoh(&y16).unwrap(), &reference);
+        assert!(err < TOLERANCE, "{m}x{n}x{k} bf16 out: rel err {err}");
+        let mut y32 = g.stream.clone_htod(&vec![f32::NAN; m * n]).unwrap();
+        g.gemm(&mut y32, &dx, &dw, m, n, k).unwrap();
+        let got: Vec<bf16> = g.stream.clone_dtoh(&y32).unwrap().into_iter().map(bf16::from_f32).collect();
+        let err = rel_err(&got, &reference);
+        assert!(err < TOLERANCE, "{m}x{n}x{k} f32 out: rel err {err}");
+    }
+}
+
+#[test]
+fn rope_tables_match_the_cpu_in_both_layouts() {
+    let Some(g) = gpu() else { return };
+    let (tokens, heads, head_dim) = (3, 5, 64);
+    let half = head_dim / 2;
+    let x = random(tokens * heads * head_dim, 16, 2.0);
+    let angles: Vec<f32> = (0..tokens * half).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+    let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos(), a.sin())).unzip();
+    for interleaved in [false, true] {
+        let mut dx = g.stream.clone_htod(&x).unwrap();
+        g.rope_table(&mut dx, &g.stream.clone_htod(&cos).unwrap(), &g.stream.clone_htod(&sin).unwrap(), tokens, heads, head_dim, interleaved).unwrap();
+        let mut reference = f32s(&x);
+        for t in 0..tokens {
+            for h in 0..heads {
+                let base = (t * heads + h) * head_dim;
+                for i in 0..half {
+                    let (ia, ib) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                    let (a, b) = (x[base + ia].to_f32(), x[base + ib].to_f32());
+                    reference[base + ia] = a * cos[t * half + i] - b * sin[t * half + i];
+                    reference[base + ib] = a * sin[t * half + i] + b * cos[t * half + i];
+                }
+            }
+        }
+        let err = rel_err(&g.stream.clone_dtoh(&dx).unwrap(), &reference);
+        assert!(err < TOLERANCE, "interleaved {interleaved}: rel err {err}");
+    }
+}

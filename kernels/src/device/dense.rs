@@ -1,0 +1,61 @@
+//! Launches of the dense kernels: the linear-layer GEMM (`cuda/gemm.cu`) and
+//! RoPE from host-computed tables (`cuda/elementwise.cu`).
+
+use super::{int, row_block, CudaError, Gpu};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+const TILE: usize = 64;
+
+/// Output element types of [`Gpu::gemm`].
+pub trait GemmOut: DeviceRepr {
+    /// The kernel writing this type.
+    const KERNEL: &'static str;
+}
+
+impl GemmOut for bf16 {
+    const KERNEL: &'static str = "gemm_bf16";
+}
+
+impl GemmOut for f32 {
+    const KERNEL: &'static str = "gemm_bf16_f32out";
+}
+
+impl Gpu {
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with f32 accumulation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm<T: GemmOut>(&self, y: &mut CudaSlice<T>, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, m: usize, n: usize, k: usize) -> Result<(), CudaError> {
+        let f = self.function(T::KERNEL)?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
+        let grid = (n.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1);
+        if grid.1 > 65_535 {
+            return Err(CudaError::TooLarge(m));
+        }
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(y).arg(x).arg(w).arg(&m32).arg(&n32).arg(&k32);
+        // SAFETY: y holds m * n values, x m * k, w n * k (the caller's contract).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// RoPE in place on `x` = [tokens, heads, head_dim] with `cos`/`sin` =
+    /// [tokens, head_dim / 2]; `interleaved` pairs (2i, 2i+1), else halves.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_table(&self, x: &mut CudaSlice<bf16>, cos: &CudaSlice<f32>, sin: &CudaSlice<f32>, tokens: usize, heads: usize, head_dim: usize, interleaved: bool) -> Result<(), CudaError> {
+        let f = self.function("rope_table_bf16")?;
+        if tokens == 0 || heads == 0 || head_dim < 2 {
+            return Ok(());
+        }
+        let (heads32, dim32, style) = (int(heads)?, int(head_dim)?, i32::from(interleaved));
+        let cfg = LaunchConfig { grid_dim: (int(tokens * heads)? as u32, 1, 1), block_dim: (row_block(head_dim / 2), 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(x).arg(cos).arg(sin).arg(&heads32).arg(&dim32).arg(&style);
+        // SAFETY: x holds tokens * heads * head_dim values, cos/sin tokens * head_dim / 2.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}
