@@ -26,5 +26,7 @@ scripts/install-nvcc.sh >/dev/null
 mkdir -p target
 # [profile.test] is opt-level 3, so model tests run at full speed.
 cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.log
-# The kernels crate with its CUDA kernels compiled and embedded.
+# The kernels crate with its CUDA kernels compiled and embedded, and the
+# engine's CUDA backend with its GPU-vs-CPU tests (they skip without a GPU).
 cargo test -p spindle-kernels --features cuda 2>&1 | tee -a target/test-output.log
+cargo test -p spindle-tests --features cuda --test cuda_forward 2>&1 | tee -a target/test-output.log

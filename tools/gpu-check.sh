@@ -22,8 +22,13 @@ prepare() {
         | grep -o '"executable":"[^"]*gpu_kernels[^"]*"' | tail -1 | cut -d'"' -f4)
     [ -n "$test_bin" ] || { echo "could not build the kernel tests" >&2; exit 1; }
     cp "$test_bin" "$BIN/gpu_kernels"
+    test_bin=$(cargo test --release -p spindle-tests --features cuda --test cuda_forward --no-run --message-format=json 2>/dev/null \
+        | grep -o '"executable":"[^"]*cuda_forward[^"]*"' | tail -1 | cut -d'"' -f4)
+    [ -n "$test_bin" ] || { echo "could not build the backend tests" >&2; exit 1; }
+    cp "$test_bin" "$BIN/cuda_forward"
     cargo build --release -p spindle-kernels --features cuda --example paged_decode_bench
     cp target/release/examples/paged_decode_bench "$BIN/"
+    strip "$BIN"/* 2>/dev/null || true  # (64 MiB travel to the device)
     ls -l "$BIN"
 }
 
@@ -45,6 +50,12 @@ run() {
         echo '```'
     } > "$report"
     if "$BIN/gpu_kernels" --test-threads=1 --nocapture >> "$report" 2>&1; then echo "kernels: ok"; else echo "kernels: FAILED"; status=1; fi
+    echo '```' >> "$report"
+    {
+        echo "## Whole model: CUDA backend vs CPU backend (tiny Llama, tiny Qwen3; SmolLM2 if SPINDLE_MODEL_GGUF is set)"
+        echo '```'
+    } >> "$report"
+    if "$BIN/cuda_forward" --test-threads=1 --nocapture >> "$report" 2>&1; then echo "backend: ok"; else echo "backend: FAILED"; status=1; fi
     echo '```' >> "$report"
     local sanitizer
     sanitizer=$(find_sanitizer || true)

@@ -64,6 +64,9 @@ pub enum EngineError {
     /// Sampling parameters are out of range (temperature < 0, top_p outside (0, 1]...).
     #[error("invalid sampling parameters: {0}")]
     InvalidSampling(String),
+    /// The compute backend (the GPU) failed or is unavailable.
+    #[error("backend: {0}")]
+    Backend(String),
 }
 
 /// Result alias for the engine.

@@ -5,6 +5,8 @@
 pub mod batch;
 pub mod chat_template;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod generate;
 pub mod gguf;

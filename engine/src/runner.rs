@@ -50,32 +50,37 @@ impl ModelRunner {
 
     fn execute_here(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
         let logits = self.model.forward(batch, &mut self.kv)?;
-        let vocab = self.model.config().vocab_size;
-        // Sequences sample independently (each with its own seeded generator),
-        // so they run in parallel with the same results.
-        let seqs = batch
-            .seqs
-            .par_iter()
-            .zip(logits.into_par_iter())
-            .map(|(seq, mut logits)| {
-                let (sampled, grammar_ended) = match &seq.sampling {
-                    Some(s) if logits.len() >= vocab => {
-                        let start = logits.len() - vocab;
-                        let mut last = logits[start..].to_vec();
-                        let sampled = sample_one(s, &mut last)?;
-                        let ended = sampled.is_none();
-                        (sampled, ended)
-                    }
-                    _ => (None, false),
-                };
-                if seq.logits == crate::batch::LogitsRequest::None {
-                    logits = Vec::new();
-                }
-                Ok(SeqOutput { logits, sampled, grammar_ended })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(StepOutput { seqs })
+        sample_outputs(batch, logits, self.model.config().vocab_size)
     }
+}
+
+/// The step's outputs from each sequence's logits (from any backend):
+/// sampling where asked (with its grammar), logits kept where asked.
+pub fn sample_outputs(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize) -> Result<StepOutput> {
+    // Sequences sample independently (each with its own seeded generator),
+    // so they run in parallel with the same results.
+    let seqs = batch
+        .seqs
+        .par_iter()
+        .zip(logits.into_par_iter())
+        .map(|(seq, mut logits)| {
+            let (sampled, grammar_ended) = match &seq.sampling {
+                Some(s) if logits.len() >= vocab => {
+                    let start = logits.len() - vocab;
+                    let mut last = logits[start..].to_vec();
+                    let sampled = sample_one(s, &mut last)?;
+                    let ended = sampled.is_none();
+                    (sampled, ended)
+                }
+                _ => (None, false),
+            };
+            if seq.logits == crate::batch::LogitsRequest::None {
+                logits = Vec::new();
+            }
+            Ok(SeqOutput { logits, sampled, grammar_ended })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(StepOutput { seqs })
 }
 
 /// Sample with a generator keyed by (seed, tokens generated so far), so a

@@ -20,7 +20,7 @@ pub enum WeightNaming {
 
 /// The parts of a layer, named independently of the file format.
 #[derive(Debug, Clone, Copy)]
-enum Part {
+pub(crate) enum Part {
     AttnNorm,
     Q,
     K,
@@ -35,7 +35,7 @@ enum Part {
 }
 
 impl WeightNaming {
-    fn layer(self, i: usize, part: Part, suffix: &str) -> String {
+    pub(crate) fn layer(self, i: usize, part: Part, suffix: &str) -> String {
         let (g, h) = match part {
             Part::AttnNorm => ("attn_norm", "input_layernorm"),
             Part::Q => ("attn_q", "self_attn.q_proj"),
@@ -55,7 +55,7 @@ impl WeightNaming {
         }
     }
 
-    fn global(self, name: &str) -> &'static str {
+    pub(crate) fn global(self, name: &str) -> &'static str {
         match (self, name) {
             (Self::Gguf, "embed") => "token_embd.weight",
             (Self::Gguf, "norm") => "output_norm.weight",

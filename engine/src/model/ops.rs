@@ -49,6 +49,18 @@ pub struct RopeAngles {
     sin: Vec<f32>,
 }
 
+impl RopeAngles {
+    /// `[positions, head_dim / 2]` cosines.
+    pub fn cos(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// `[positions, head_dim / 2]` sines.
+    pub fn sin(&self) -> &[f32] {
+        &self.sin
+    }
+}
+
 impl Rope {
     /// Frequencies from the model config (incl. Llama 3 scaling).
     pub fn new(config: &ModelConfig) -> Self {
@@ -60,6 +72,11 @@ impl Rope {
             llama3_scale(&mut inv_freq, s);
         }
         Self { inv_freq, style: config.rope_style }
+    }
+
+    /// Whether pairs are adjacent (llama.cpp's normal mode) rather than halves.
+    pub fn interleaved(&self) -> bool {
+        self.style == RopeStyle::Interleaved
     }
 
     /// cos/sin tables for the given token positions.

@@ -1,0 +1,148 @@
+//! One forward step on the GPU: the batch's new tokens through every layer
+//! (writing their keys and values into the paged cache), then the logits the
+//! sequences asked for, copied to the host.
+
+use super::CudaModel;
+use crate::batch::{ForwardBatch, LogitsRequest};
+use crate::error::{EngineError, Result};
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use spindle_kernels::device::DecodeShape;
+use std::ops::Range;
+
+/// The host-side index arrays of one step.
+struct Plan {
+    ids: Vec<u32>,
+    positions: Vec<usize>,
+    slots: Vec<i64>,
+    /// Per token: its sequence's block table, padded to `max_blocks`.
+    tables: Vec<i32>,
+    max_blocks: usize,
+    /// Per token: how many positions it attends to (its position + 1).
+    context: Vec<i32>,
+    /// Tokens whose logits are wanted, and each sequence's range of them.
+    rows: Vec<u32>,
+    ranges: Vec<Range<usize>>,
+}
+
+impl CudaModel {
+    fn plan(&self, batch: &ForwardBatch) -> Result<Plan> {
+        let c = &self.config;
+        let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0).max(1);
+        let mut p = Plan { ids: Vec::new(), positions: Vec::new(), slots: Vec::new(), tables: Vec::new(), max_blocks, context: Vec::new(), rows: Vec::new(), ranges: Vec::new() };
+        for (i, seq) in batch.seqs.iter().enumerate() {
+            if seq.tokens.is_empty() {
+                return Err(EngineError::InvalidBatch(format!("sequence {i} has no new tokens")));
+            }
+            let end = seq.start_pos + seq.tokens.len();
+            if end > c.context_length {
+                return Err(EngineError::ContextLengthExceeded { len: end, max: c.context_length });
+            }
+            if let Some(bad) = seq.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(EngineError::InvalidBatch(format!("token id {bad} is outside the vocabulary")));
+            }
+            if end.div_ceil(self.block_size) > seq.block_table.len() {
+                return Err(EngineError::InvalidBatch(format!("block table of {} blocks does not cover position {}", seq.block_table.len(), end - 1)));
+            }
+            if let Some(bad) = seq.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
+                return Err(EngineError::InvalidBatch(format!("block {bad} is outside the pool of {}", self.num_blocks)));
+            }
+            let mut table: Vec<i32> = seq.block_table.iter().map(|&b| b as i32).collect();
+            table.resize(max_blocks, 0);
+            let first_token = p.ids.len();
+            for (j, &tok) in seq.tokens.iter().enumerate() {
+                let pos = seq.start_pos + j;
+                p.ids.push(tok);
+                p.positions.push(pos);
+                p.slots.push((seq.block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size) as i64);
+                p.tables.extend_from_slice(&table);
+                p.context.push((pos + 1) as i32);
+            }
+            let wanted = match seq.logits {
+                LogitsRequest::None if seq.sampling.is_none() => 0..0,
+                LogitsRequest::All => 0..seq.tokens.len(),
+                _ => seq.tokens.len() - 1..seq.tokens.len(),
+            };
+            let start = p.rows.len();
+            p.rows.extend(wanted.map(|j| (first_token + j) as u32));
+            p.ranges.push(start..p.rows.len());
+        }
+        Ok(p)
+    }
+
+    /// Runs the batch; returns, per sequence, the requested logits
+    /// (flattened), as the CPU model does.
+    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
+        let p = self.plan(batch)?;
+        let c = self.config.clone();
+        let (t, h, eps) = (p.ids.len(), c.hidden_size, c.rms_norm_eps);
+        let g = &self.gpu;
+        let s = &g.stream;
+        let angles = self.rope.angles(&p.positions);
+        let (cos, sin) = (s.clone_htod(angles.cos())?, s.clone_htod(angles.sin())?);
+        let (ids, slots) = (s.clone_htod(&p.ids)?, s.clone_htod(&p.slots)?);
+        let (tables, context) = (s.clone_htod(&p.tables)?, s.clone_htod(&p.context)?);
+        let zeros = |n: usize| s.alloc_zeros::<bf16>(n);
+        let mut x = zeros(t * h)?;
+        let (mut hn, mut q, mut k, mut v) = (zeros(t * h)?, zeros(t * c.q_dim())?, zeros(t * c.kv_dim())?, zeros(t * c.kv_dim())?);
+        let (mut attn, mut o, mut k_normed) = (zeros(t * c.q_dim())?, zeros(t * h)?, zeros(t * c.kv_dim())?);
+        let (mut gate, mut up, mut act) = (zeros(t * c.intermediate_size)?, zeros(t * c.intermediate_size)?, zeros(t * c.intermediate_size)?);
+        g.embedding(&mut x, &self.embed, &ids, t, h, c.vocab_size as u32)?;
+        let shape = DecodeShape {
+            seqs: t,
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: self.block_size,
+            max_blocks: p.max_blocks,
+            max_context: p.context.iter().copied().max().unwrap_or(1) as usize,
+        };
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let interleaved = self.rope.interleaved();
+        for (li, layer) in self.layers.iter().enumerate() {
+            // The residual add of the previous block is fused into this norm.
+            if li == 0 {
+                g.add_rmsnorm(&mut hn, None, &x, &layer.attn_norm, t, h, eps)?;
+            } else {
+                g.add_rmsnorm(&mut hn, Some(&mut x), &o, &layer.attn_norm, t, h, eps)?;
+            }
+            g.gemm(&mut q, &hn, &layer.wq, t, c.q_dim(), h)?;
+            g.gemm(&mut k, &hn, &layer.wk, t, c.kv_dim(), h)?;
+            g.gemm(&mut v, &hn, &layer.wv, t, c.kv_dim(), h)?;
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                g.add_rmsnorm(&mut attn, None, &q, qn, t * c.num_heads, c.head_dim, eps)?;
+                std::mem::swap(&mut q, &mut attn);
+                g.add_rmsnorm(&mut k_normed, None, &k, kn, t * c.num_kv_heads, c.head_dim, eps)?;
+                std::mem::swap(&mut k, &mut k_normed);
+            }
+            g.rope_table(&mut q, &cos, &sin, t, c.num_heads, c.head_dim, interleaved)?;
+            g.rope_table(&mut k, &cos, &sin, t, c.num_kv_heads, c.head_dim, interleaved)?;
+            g.kv_write(&mut self.k_cache[li], &mut self.v_cache[li], &k, &v, &slots, t, c.kv_dim())?;
+            g.paged_decode(&mut attn, &q, &self.k_cache[li], &self.v_cache[li], &tables, &context, shape, scale)?;
+            g.gemm(&mut o, &attn, &layer.wo, t, h, c.q_dim())?;
+            g.add_rmsnorm(&mut hn, Some(&mut x), &o, &layer.ffn_norm, t, h, eps)?;
+            g.gemm(&mut gate, &hn, &layer.gate, t, c.intermediate_size, h)?;
+            g.gemm(&mut up, &hn, &layer.up, t, c.intermediate_size, h)?;
+            g.silu_mul(&mut act, &gate, &up, t * c.intermediate_size)?;
+            g.gemm(&mut o, &act, &layer.down, t, h, c.intermediate_size)?;
+        }
+        g.add_rmsnorm(&mut hn, Some(&mut x), &o, &self.final_norm, t, h, eps)?;
+        self.logits(&p, &hn)
+    }
+
+    /// The wanted rows of the final hidden states through the output head.
+    fn logits(&self, p: &Plan, hidden: &CudaSlice<bf16>) -> Result<Vec<Vec<f32>>> {
+        let (g, vocab, h) = (&self.gpu, self.config.vocab_size, self.config.hidden_size);
+        let r = p.rows.len();
+        let mut host = Vec::new();
+        if r > 0 {
+            let rows = g.stream.clone_htod(&p.rows)?;
+            let mut picked = g.stream.alloc_zeros::<bf16>(r * h)?;
+            g.embedding(&mut picked, hidden, &rows, r, h, p.ids.len() as u32)?;
+            let mut logits = g.stream.alloc_zeros::<f32>(r * vocab)?;
+            g.gemm(&mut logits, &picked, self.lm_head.as_ref().unwrap_or(&self.embed), r, vocab, h)?;
+            host = g.stream.clone_dtoh(&logits)?;
+        }
+        Ok(p.ranges.iter().map(|range| host[range.start * vocab..range.end * vocab].to_vec()).collect())
+    }
+}

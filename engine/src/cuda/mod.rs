@@ -1,0 +1,152 @@
+//! The CUDA backend (feature `cuda`): a Llama-family model (Llama, SmolLM2,
+//! Mistral, Qwen3) in bf16 on one GPU, with its paged KV cache in device
+//! memory, running [`ForwardBatch`]es with Spindle's own kernels
+//! (`spindle-kernels`) and sampling on the host with the CPU sampler.
+//!
+//! Weights of any file type (GGUF quants included) are dequantized to bf16
+//! at load. The KV cache has the CPU pool's layout (slot = block ×
+//! block_size + offset, rows of kv_dim) in bf16. Prefill attention runs the
+//! decode kernel once per query token, each with its own causal context
+//! length: correct for any mix of prefill and decode, not yet a tiled
+//! flash-attention prefill. GEMMs are Spindle's tiled kernel, not yet
+//! cuBLAS. Qwen2 (q/k/v biases) is not supported here yet.
+
+mod forward;
+mod weights;
+
+use crate::batch::{ForwardBatch, StepOutput};
+use crate::config::{ArchFamily, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::model::ops::Rope;
+use crate::model::WeightNaming;
+use crate::weights::TensorSource;
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use spindle_kernels::device::{CudaError, Gpu};
+use weights::GpuLayer;
+
+pub use spindle_kernels::device::driver_present;
+
+impl From<CudaError> for EngineError {
+    fn from(e: CudaError) -> Self {
+        EngineError::Backend(e.to_string())
+    }
+}
+
+impl From<cudarc::driver::DriverError> for EngineError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        EngineError::Backend(format!("CUDA driver: {e}"))
+    }
+}
+
+/// A model on the GPU with its KV cache.
+pub struct CudaModel {
+    gpu: Gpu,
+    config: ModelConfig,
+    rope: Rope,
+    embed: CudaSlice<bf16>,
+    lm_head: Option<CudaSlice<bf16>>,
+    final_norm: CudaSlice<bf16>,
+    layers: Vec<GpuLayer>,
+    k_cache: Vec<CudaSlice<bf16>>,
+    v_cache: Vec<CudaSlice<bf16>>,
+    block_size: usize,
+    num_blocks: usize,
+}
+
+impl std::fmt::Debug for CudaModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaModel").field("config", &self.config).field("num_blocks", &self.num_blocks).finish_non_exhaustive()
+    }
+}
+
+impl CudaModel {
+    /// Loads the model onto GPU `ordinal` with a KV cache of `num_blocks`
+    /// blocks of `block_size` tokens. No driver or device is an error.
+    pub fn load(config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming, ordinal: usize, num_blocks: usize, block_size: usize) -> Result<Self> {
+        if config.family == ArchFamily::Qwen2 {
+            return Err(EngineError::Backend("Qwen2 (q/k/v biases) is not supported by the CUDA backend yet".into()));
+        }
+        let gpu = Gpu::open(ordinal)?;
+        let loaded = weights::upload(&gpu, &config, src, naming)?;
+        let per_layer = num_blocks * block_size * config.kv_dim();
+        let mut k_cache = Vec::with_capacity(config.num_layers);
+        let mut v_cache = Vec::with_capacity(config.num_layers);
+        for _ in 0..config.num_layers {
+            k_cache.push(gpu.stream.alloc_zeros::<bf16>(per_layer)?);
+            v_cache.push(gpu.stream.alloc_zeros::<bf16>(per_layer)?);
+        }
+        Ok(Self {
+            rope: Rope::new(&config),
+            embed: loaded.embed,
+            lm_head: loaded.lm_head,
+            final_norm: loaded.final_norm,
+            layers: loaded.layers,
+            gpu,
+            config,
+            k_cache,
+            v_cache,
+            block_size,
+            num_blocks,
+        })
+    }
+
+    /// Loads a GGUF file or HF directory (a path or a cached model name)
+    /// onto GPU `ordinal`, as [`Self::load`].
+    pub fn open(name_or_path: &str, ordinal: usize, num_blocks: usize, block_size: usize) -> Result<Self> {
+        let location = crate::models::resolve(name_or_path)?;
+        match location.format {
+            crate::models::ModelFormat::Gguf => {
+                let file = crate::gguf::GgufFile::open(&location.path)?;
+                let config = ModelConfig::from_gguf(&file)?;
+                Self::load(config, &file, WeightNaming::Gguf, ordinal, num_blocks, block_size)
+            }
+            crate::models::ModelFormat::HfDir => {
+                let dir = crate::hf::HfModelDir::open(&location.path)?;
+                let config = ModelConfig::from_hf_json(dir.config())?;
+                Self::load(config, &dir, WeightNaming::Hf, ordinal, num_blocks, block_size)
+            }
+        }
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The GPU's name.
+    pub fn device_name(&self) -> String {
+        self.gpu.name().unwrap_or_else(|_| "unknown GPU".into())
+    }
+
+    /// Bytes of KV cache per block (all layers, keys and values, bf16).
+    pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+        2 * config.num_layers * block_size * config.kv_dim() * std::mem::size_of::<bf16>()
+    }
+}
+
+/// Runs forward steps on the GPU and samples on the host, like the CPU
+/// [`crate::runner::ModelRunner`].
+#[derive(Debug)]
+pub struct CudaRunner {
+    model: CudaModel,
+}
+
+impl CudaRunner {
+    /// A runner for `model`.
+    pub fn new(model: CudaModel) -> Self {
+        Self { model }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &CudaModel {
+        &self.model
+    }
+
+    /// Run one step: the batch through the model, then sampling for the
+    /// sequences that asked.
+    pub fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+        let logits = self.model.forward(batch)?;
+        crate::runner::sample_outputs(batch, logits, self.model.config.vocab_size)
+    }
+}
