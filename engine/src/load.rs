@@ -28,27 +28,67 @@ pub struct LoadedModel {
 /// Load progress: `done` of `total` layers.
 pub type ProgressFn<'a> = &'a mut dyn FnMut(usize, usize);
 
+/// Everything but the weights: what a backend that loads the weights itself
+/// (the GPU) needs besides them.
+#[derive(Debug)]
+pub struct ModelMeta {
+    /// Where it came from and its served name.
+    pub location: ModelLocation,
+    /// The hyper-parameters.
+    pub config: ModelConfig,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The chat template (the model's own, or the ChatML default).
+    pub template: ChatTemplate,
+}
+
 /// Load by path or cached name.
 pub fn load_model(name_or_path: &str, progress: ProgressFn<'_>) -> Result<LoadedModel> {
     let location = resolve(name_or_path)?;
     match location.format {
-        ModelFormat::Gguf => load_gguf(location, progress),
-        ModelFormat::HfDir => load_hf(location, progress),
+        ModelFormat::Gguf => {
+            let file = GgufFile::open(&location.path)?;
+            let meta = gguf_meta(location, &file)?;
+            let model = LlamaModel::load_with_progress(meta.config.clone(), &file, WeightNaming::Gguf, progress)?;
+            Ok(with_weights(meta, model))
+        }
+        ModelFormat::HfDir => {
+            let dir = HfModelDir::open(&location.path)?;
+            let meta = hf_meta(location, &dir)?;
+            let model = LlamaModel::load_with_progress(meta.config.clone(), &dir, WeightNaming::Hf, progress)?;
+            Ok(with_weights(meta, model))
+        }
     }
 }
 
-fn load_gguf(location: ModelLocation, progress: ProgressFn<'_>) -> Result<LoadedModel> {
-    let file = GgufFile::open(&location.path)?;
-    let config = ModelConfig::from_gguf(&file)?;
-    let tokenizer = Tokenizer::from_gguf_spec(gguf_tokenizer_spec(&file)?)?;
-    let model = LlamaModel::load_with_progress(config, &file, WeightNaming::Gguf, progress)?;
-    let template = make_template(gguf_chat_template(&file).as_deref(), &tokenizer)?;
-    let stop_tokens = tokenizer.eos_ids().to_vec();
-    Ok(LoadedModel { location, model, tokenizer, template, stop_tokens })
+/// Load everything but the weights, by path or cached name.
+pub fn load_meta(name_or_path: &str) -> Result<ModelMeta> {
+    let location = resolve(name_or_path)?;
+    match location.format {
+        ModelFormat::Gguf => {
+            let file = GgufFile::open(&location.path)?;
+            gguf_meta(location, &file)
+        }
+        ModelFormat::HfDir => {
+            let dir = HfModelDir::open(&location.path)?;
+            hf_meta(location, &dir)
+        }
+    }
 }
 
-fn load_hf(location: ModelLocation, progress: ProgressFn<'_>) -> Result<LoadedModel> {
-    let dir = HfModelDir::open(&location.path)?;
+fn with_weights(meta: ModelMeta, model: LlamaModel) -> LoadedModel {
+    let stop_tokens = meta.tokenizer.eos_ids().to_vec();
+    LoadedModel { location: meta.location, model, tokenizer: meta.tokenizer, template: meta.template, stop_tokens }
+}
+
+fn gguf_meta(location: ModelLocation, file: &GgufFile) -> Result<ModelMeta> {
+    let config = ModelConfig::from_gguf(file)?;
+    let tokenizer = Tokenizer::from_gguf_spec(gguf_tokenizer_spec(file)?)?;
+    let template = make_template(gguf_chat_template(file).as_deref(), &tokenizer)?;
+    Ok(ModelMeta { location, config, tokenizer, template })
+}
+
+fn hf_meta(location: ModelLocation, dir: &HfModelDir) -> Result<ModelMeta> {
     let config = ModelConfig::from_hf_json(dir.config())?;
     let tok_path = dir
         .tokenizer_json_path()
@@ -60,10 +100,8 @@ fn load_hf(location: ModelLocation, progress: ProgressFn<'_>) -> Result<LoadedMo
     };
     let mut tokenizer = Tokenizer::from_file(&tok_path, special)?;
     tokenizer.add_eos_ids(&dir.eos_token_ids());
-    let model = LlamaModel::load_with_progress(config, &dir, WeightNaming::Hf, progress)?;
     let template = make_template(dir.chat_template(), &tokenizer)?;
-    let stop_tokens = tokenizer.eos_ids().to_vec();
-    Ok(LoadedModel { location, model, tokenizer, template, stop_tokens })
+    Ok(ModelMeta { location, config, tokenizer, template })
 }
 
 fn make_template(source: Option<&str>, tok: &Tokenizer) -> Result<ChatTemplate> {

@@ -29,6 +29,13 @@ impl StepRunner for ModelRunner {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl StepRunner for spindle_engine::cuda::CudaRunner {
+    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput, EngineError> {
+        spindle_engine::cuda::CudaRunner::execute(self, batch)
+    }
+}
+
 /// Why `submit` refused a request.
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {

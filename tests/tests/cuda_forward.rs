@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
-use spindle_engine::cuda::{driver_present, CudaModel};
+use spindle_engine::cuda::{driver_present, CudaModel, KvSize};
 use spindle_engine::kv::BlockAllocator;
 use spindle_engine::load::load_model;
 use spindle_engine::model::MatmulPrecision;
@@ -44,7 +44,7 @@ fn rel(got: &[f32], want: &[f32]) -> f32 {
 
 /// Prefill `prompt`, then 32 greedy steps, on both backends.
 fn compare(path: &str, prompt: &[u32], label: &str) {
-    let mut gpu = match CudaModel::open(path, 0, BLOCKS, BLOCK_SIZE) {
+    let mut gpu = match CudaModel::open(path, 0, KvSize::Blocks(BLOCKS), BLOCK_SIZE) {
         Ok(m) => m,
         Err(e) => panic!("{label}: loading on the GPU failed: {e}"),
     };

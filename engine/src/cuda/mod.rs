@@ -39,6 +39,19 @@ impl From<cudarc::driver::DriverError> for EngineError {
     }
 }
 
+/// How big the KV cache is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvSize {
+    /// This many blocks.
+    Blocks(usize),
+    /// What is left of this fraction of the device's memory once the weights
+    /// are loaded and [`WORKSPACE_BYTES`] are set aside for activations.
+    MemoryFraction(f64),
+}
+
+/// Device memory kept free for a step's activations and logits.
+pub const WORKSPACE_BYTES: usize = 1 << 30;
+
 /// A model on the GPU with its KV cache.
 pub struct CudaModel {
     gpu: Gpu,
@@ -61,14 +74,18 @@ impl std::fmt::Debug for CudaModel {
 }
 
 impl CudaModel {
-    /// Loads the model onto GPU `ordinal` with a KV cache of `num_blocks`
-    /// blocks of `block_size` tokens. No driver or device is an error.
-    pub fn load(config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming, ordinal: usize, num_blocks: usize, block_size: usize) -> Result<Self> {
+    /// Loads the model onto GPU `ordinal` with a KV cache of `kv` in blocks
+    /// of `block_size` tokens. No driver or device is an error.
+    pub fn load(config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming, ordinal: usize, kv: KvSize, block_size: usize) -> Result<Self> {
         if config.family == ArchFamily::Qwen2 {
             return Err(EngineError::Backend("Qwen2 (q/k/v biases) is not supported by the CUDA backend yet".into()));
         }
         let gpu = Gpu::open(ordinal)?;
         let loaded = weights::upload(&gpu, &config, src, naming)?;
+        let num_blocks = match kv {
+            KvSize::Blocks(n) => n,
+            KvSize::MemoryFraction(fraction) => blocks_for_fraction(&gpu, fraction, Self::kv_bytes_per_block(&config, block_size))?,
+        };
         let per_layer = num_blocks * block_size * config.kv_dim();
         let mut k_cache = Vec::with_capacity(config.num_layers);
         let mut v_cache = Vec::with_capacity(config.num_layers);
@@ -93,18 +110,18 @@ impl CudaModel {
 
     /// Loads a GGUF file or HF directory (a path or a cached model name)
     /// onto GPU `ordinal`, as [`Self::load`].
-    pub fn open(name_or_path: &str, ordinal: usize, num_blocks: usize, block_size: usize) -> Result<Self> {
+    pub fn open(name_or_path: &str, ordinal: usize, kv: KvSize, block_size: usize) -> Result<Self> {
         let location = crate::models::resolve(name_or_path)?;
         match location.format {
             crate::models::ModelFormat::Gguf => {
                 let file = crate::gguf::GgufFile::open(&location.path)?;
                 let config = ModelConfig::from_gguf(&file)?;
-                Self::load(config, &file, WeightNaming::Gguf, ordinal, num_blocks, block_size)
+                Self::load(config, &file, WeightNaming::Gguf, ordinal, kv, block_size)
             }
             crate::models::ModelFormat::HfDir => {
                 let dir = crate::hf::HfModelDir::open(&location.path)?;
                 let config = ModelConfig::from_hf_json(dir.config())?;
-                Self::load(config, &dir, WeightNaming::Hf, ordinal, num_blocks, block_size)
+                Self::load(config, &dir, WeightNaming::Hf, ordinal, kv, block_size)
             }
         }
     }
@@ -112,6 +129,18 @@ impl CudaModel {
     /// The model's hyper-parameters.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Blocks in the KV cache.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Bytes the weights take on the device.
+    pub fn weight_bytes(&self) -> usize {
+        let l: usize = self.layers.iter().map(GpuLayer::bytes).sum();
+        let head = self.lm_head.as_ref().map_or(0, |h| h.len() * 2);
+        l + (self.embed.len() + self.final_norm.len()) * 2 + head
     }
 
     /// The GPU's name.
@@ -123,6 +152,26 @@ impl CudaModel {
     pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
         2 * config.num_layers * block_size * config.kv_dim() * std::mem::size_of::<bf16>()
     }
+}
+
+/// KV blocks of `block_bytes` that fit in `fraction` of the device's memory
+/// beside what is already used and [`WORKSPACE_BYTES`].
+fn blocks_for_fraction(gpu: &Gpu, fraction: f64, block_bytes: usize) -> Result<usize> {
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err(EngineError::Backend(format!("the GPU memory fraction must be in (0, 1], not {fraction}")));
+    }
+    let (free, total) = gpu.ctx.mem_get_info()?;
+    let used = total.saturating_sub(free);
+    let budget = ((total as f64 * fraction) as usize).saturating_sub(used).saturating_sub(WORKSPACE_BYTES);
+    let blocks = budget / block_bytes.max(1);
+    if blocks == 0 {
+        return Err(EngineError::Backend(format!(
+            "no room for a KV cache: {:.1} GiB of {:.1} GiB used after loading the weights",
+            used as f64 / f64::from(1u32 << 30),
+            total as f64 / f64::from(1u32 << 30)
+        )));
+    }
+    Ok(blocks)
 }
 
 /// Runs forward steps on the GPU and samples on the host, like the CPU

@@ -26,6 +26,15 @@ pub(super) struct GpuLayer {
     pub down: CudaSlice<bf16>,
 }
 
+impl GpuLayer {
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        let norms = self.q_norm.as_ref().map_or(0, CudaSlice::len) + self.k_norm.as_ref().map_or(0, CudaSlice::len);
+        let mats = [&self.attn_norm, &self.wq, &self.wk, &self.wv, &self.wo, &self.ffn_norm, &self.gate, &self.up, &self.down];
+        (mats.iter().map(|m| m.len()).sum::<usize>() + norms) * std::mem::size_of::<bf16>()
+    }
+}
+
 /// Everything but the KV cache.
 pub(super) struct Uploaded {
     pub embed: CudaSlice<bf16>,

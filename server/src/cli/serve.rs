@@ -1,7 +1,9 @@
 //! `spindle serve`: load the model, start the scheduler, serve HTTP until
 //! SIGINT/SIGTERM, then drain.
 
+use crate::cli::device::{self, Device, Started};
 use crate::cli::generate::load_with_bar;
+use spindle_engine::config::ModelConfig;
 use clap::Args;
 use spindle_engine::kv::KvPool;
 use spindle_engine::models::{cache_root, DEFAULT_MODEL};
@@ -47,7 +49,7 @@ pub struct ServeArgs {
     /// How long an LMSP task's event history stays replayable after the task ends, in seconds.
     #[arg(long, default_value_t = 3600)]
     task_event_retention_s: u64,
-    /// Memory for the KV cache, in MiB.
+    /// Memory for the KV cache on the CPU, in MiB (on a GPU: --gpu-memory-utilization).
     #[arg(long, env = "SPINDLE_KV_CACHE_MIB", default_value_t = 1024)]
     kv_cache_memory_mib: usize,
     /// Most sequences per step.
@@ -74,6 +76,12 @@ pub struct ServeArgs {
     /// Worker threads (default: all cores).
     #[arg(long, env = "SPINDLE_THREADS")]
     threads: Option<usize>,
+    /// Where the model runs: auto (a GPU when there is one), cpu, cuda or cuda:N.
+    #[arg(long, env = "SPINDLE_DEVICE", default_value = "auto")]
+    device: Device,
+    /// Fraction of the GPU's memory for weights, activations and the KV cache (the rest of it goes to the KV cache).
+    #[arg(long, default_value_t = 0.9)]
+    gpu_memory_utilization: f64,
 }
 
 /// Run the daemon.
@@ -87,39 +95,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store = open_store(&args)?;
     let key_path = store_path(&args).with_extension("compaction-key");
     let sealer = spindle_server::app::seal::Sealer::load_or_create(&key_path)?;
-    let loaded = load_with_bar(&args.model)?;
-    let config = loaded.model.config().clone();
-    let num_blocks = KvPool::blocks_for_budget(args.kv_cache_memory_mib << 20, config.num_layers, BLOCK_SIZE, config.kv_dim());
-    tracing::info!(
-        "model {} ({:.0} MB weights) on cpu; KV cache {} blocks = {} tokens",
-        loaded.location.name,
-        loaded.model.weight_bytes() as f64 / 1e6,
-        num_blocks,
-        num_blocks * BLOCK_SIZE
-    );
-    let sched_config = SchedulerConfig {
-        block_size: BLOCK_SIZE,
-        num_blocks,
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_waiting: args.max_waiting,
-        enable_prefix_caching: true,
-        context_length: config.context_length,
-        model_salt: model_salt(&loaded.location.path),
-    };
-    let runner = ModelRunner::new(loaded.model, num_blocks, BLOCK_SIZE);
-    let scheduler = SchedulerHandle::spawn(sched_config, runner, loaded.tokenizer.clone());
+    let started = start_engine(&args)?;
     let state = Arc::new(AppState {
-        scheduler,
         sealer,
         idempotency: Default::default(),
         tasks: Default::default(),
+        scheduler: started.scheduler,
         model: ModelInfo::new(
-            loaded.location.name.clone(),
-            loaded.tokenizer,
-            loaded.template,
-            config.context_length,
-            config.vocab_size,
+            started.name,
+            started.tokenizer,
+            started.template,
+            started.config.context_length,
+            started.config.vocab_size,
             unix_now(),
         ),
         store,
@@ -140,6 +127,37 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(serve(addr, state, Duration::from_secs(args.store_ttl_hours * 3600)))
+}
+
+/// Loads the model on the chosen device and starts its scheduler.
+fn start_engine(args: &ServeArgs) -> anyhow::Result<Started> {
+    let sched = |num_blocks: usize, config: &ModelConfig, path: &std::path::Path| SchedulerConfig {
+        block_size: BLOCK_SIZE,
+        num_blocks,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_waiting: args.max_waiting,
+        enable_prefix_caching: true,
+        context_length: config.context_length,
+        model_salt: model_salt(path),
+    };
+    if let Device::Cuda(ordinal) = device::resolve(args.device)? {
+        return device::start_cuda(&args.model, ordinal, args.gpu_memory_utilization, BLOCK_SIZE, sched);
+    }
+    let loaded = load_with_bar(&args.model)?;
+    let config = loaded.model.config().clone();
+    let num_blocks = KvPool::blocks_for_budget(args.kv_cache_memory_mib << 20, config.num_layers, BLOCK_SIZE, config.kv_dim());
+    tracing::info!(
+        "model {} ({:.0} MB weights) on cpu; KV cache {} blocks = {} tokens",
+        loaded.location.name,
+        loaded.model.weight_bytes() as f64 / 1e6,
+        num_blocks,
+        num_blocks * BLOCK_SIZE
+    );
+    let sched_config = sched(num_blocks, &config, &loaded.location.path);
+    let runner = ModelRunner::new(loaded.model, num_blocks, BLOCK_SIZE);
+    let scheduler = SchedulerHandle::spawn(sched_config, runner, loaded.tokenizer.clone());
+    Ok(Started { scheduler, name: loaded.location.name, tokenizer: loaded.tokenizer, template: loaded.template, config })
 }
 
 /// How long in-flight responses may run after a shutdown signal before they
