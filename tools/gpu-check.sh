@@ -19,11 +19,11 @@ prepare() {
     mkdir -p "$BIN"
     local test_bin
     test_bin=$(cargo test --release -p spindle-kernels --features cuda --test gpu_kernels --no-run --message-format=json 2>/dev/null \
-        | grep -o '"executable":"[^"]*gpu_kernels[^"]*"' | tail -1 | cut -d'"' -f4)
+        | grep -o '"executable":"[^"]*gpu_kernels[^"]*"' | tail -1 | cut -d'"' -f4 || true)
     [ -n "$test_bin" ] || { echo "could not build the kernel tests" >&2; exit 1; }
     cp "$test_bin" "$BIN/gpu_kernels"
     test_bin=$(cargo test --release -p spindle-tests --features cuda --test cuda_forward --no-run --message-format=json 2>/dev/null \
-        | grep -o '"executable":"[^"]*cuda_forward[^"]*"' | tail -1 | cut -d'"' -f4)
+        | grep -o '"executable":"[^"]*cuda_forward[^"]*"' | tail -1 | cut -d'"' -f4 || true)
     [ -n "$test_bin" ] || { echo "could not build the backend tests" >&2; exit 1; }
     cp "$test_bin" "$BIN/cuda_forward"
     cargo build --release -p spindle-kernels --features cuda --example paged_decode_bench
@@ -59,14 +59,15 @@ run() {
     echo '```' >> "$report"
     local sanitizer
     sanitizer=$(find_sanitizer || true)
-    for tool in memcheck racecheck; do
-        echo "## compute-sanitizer $tool" >> "$report"
+    for run in "memcheck gpu_kernels" "racecheck gpu_kernels" "memcheck cuda_forward"; do
+        set -- $run
+        echo "## compute-sanitizer $1 on $2" >> "$report"
         if [ -z "$sanitizer" ]; then echo "not found on this machine" >> "$report"; continue; fi
         echo '```' >> "$report"
-        if "$sanitizer" --tool "$tool" --error-exitcode 9 "$BIN/gpu_kernels" --test-threads=1 >> "$report" 2>&1; then
-            echo "$tool: clean"
+        if "$sanitizer" --tool "$1" --error-exitcode 9 "$BIN/$2" --test-threads=1 >> "$report" 2>&1; then
+            echo "$1 $2: clean"
         else
-            echo "$tool: ERRORS"; status=1
+            echo "$1 $2: ERRORS"; status=1
         fi
         echo '```' >> "$report"
     done

@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex};
 
 /// Compiled grammars kept per compiler (agent loops resend the same tools).
 const CACHE_CAPACITY: usize = 64;
+/// Most bytes of grammar source (the cache's keys) kept.
+const CACHE_KEY_BYTES: usize = 8 << 20;
 
 /// Why a grammar could not be built or compiled.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -45,6 +47,7 @@ pub struct GrammarCompiler {
 struct GrammarCache {
     matchers: HashMap<String, Matcher>,
     order: VecDeque<String>,
+    key_bytes: usize,
 }
 
 impl GrammarCache {
@@ -53,14 +56,15 @@ impl GrammarCache {
     }
 
     fn insert(&mut self, key: String, matcher: &Matcher) {
-        if self.matchers.contains_key(&key) {
+        if self.matchers.contains_key(&key) || key.len() > CACHE_KEY_BYTES {
             return;
         }
-        while self.order.len() >= CACHE_CAPACITY {
-            if let Some(old) = self.order.pop_front() {
-                self.matchers.remove(&old);
-            }
+        while self.order.len() >= CACHE_CAPACITY || self.key_bytes + key.len() > CACHE_KEY_BYTES {
+            let Some(old) = self.order.pop_front() else { break };
+            self.key_bytes -= old.len();
+            self.matchers.remove(&old);
         }
+        self.key_bytes += key.len();
         self.order.push_back(key.clone());
         self.matchers.insert(key, matcher.deep_clone());
     }
@@ -114,7 +118,8 @@ impl GrammarCompiler {
                 matcher
             }
         };
-        Ok(Constraint { matcher, eos: self.eos.clone(), gate: None })
+        let vocab = self.factory.tok_env().tok_trie().vocab_size();
+        Ok(Constraint { matcher, eos: self.eos.clone(), gate: None, vocab })
     }
 }
 
@@ -123,6 +128,8 @@ pub struct Constraint {
     matcher: Matcher,
     eos: Vec<u32>,
     gate: Option<ThinkGate>,
+    /// Mask length (the matcher cannot say once it is in error).
+    vocab: usize,
 }
 
 /// A thinking model's reasoning is free; the grammar starts after it.
@@ -168,15 +175,30 @@ impl Constraint {
         Arc::new(Mutex::new(self))
     }
 
-    /// The tokens allowed next. A finished grammar allows only EOS; a broken
-    /// one (which a correct grammar never reaches) also allows only EOS, so
-    /// the sequence ends instead of failing the batch.
+    /// The tokens allowed next: none once the grammar has finished (the
+    /// sequence ends there); only EOS at a dead end (which a correct grammar
+    /// never reaches), so the sequence ends instead of failing the batch.
     pub fn allowed(&mut self) -> SimpleVob {
+        if self.matcher.is_stopped() && !self.matcher.is_error() {
+            // Finished: nothing more to generate (the sequence ends without
+            // sampling EOS, which may not even stop it, e.g. with ignore_eos).
+            return SimpleVob::alloc(self.vocab);
+        }
         match self.matcher.compute_mask_or_eos() {
-            Ok(mask) if mask.num_set() > 0 => mask,
+            Ok(mut mask) if mask.num_set() > 0 => {
+                // The trie's EOS is a guess when the tokenizer named none.
+                if let Ok(env) = self.matcher.tok_env() {
+                    for &e in env.tok_trie().eos_tokens() {
+                        if !self.eos.contains(&e) && (e as usize) < mask.len() {
+                            mask.disallow_token(e);
+                        }
+                    }
+                }
+                mask
+            }
             Ok(_) | Err(_) => {
                 tracing::warn!("grammar reached a dead end ({:?}); ending the sequence", self.matcher.get_error());
-                let mut only_eos = SimpleVob::alloc(self.matcher.tok_env().map_or(0, |e| e.tok_trie().vocab_size()));
+                let mut only_eos = SimpleVob::alloc(self.vocab);
                 for &id in &self.eos {
                     if (id as usize) < only_eos.len() {
                         only_eos.allow_token(id);

@@ -53,7 +53,8 @@ __device__ __forceinline__ float block_max(float v) {
     return total;
 }
 
-// Grid (heads, seqs, partitions), DECODE_THREADS threads. Block (h, s, p)
+// Grid (heads, seqs in this launch, partitions), DECODE_THREADS threads;
+// launch sequences are seq_base + blockIdx.y of the batch. Block (h, s, p)
 // attends query head h of sequence s over context tokens
 // [p * PARTITION, min((p + 1) * PARTITION, context_lens[s])) with the
 // sequence's kv head h / (heads / kv_heads).
@@ -66,10 +67,11 @@ extern "C" __global__ void paged_decode_bf16(bf16* __restrict__ out, float* __re
                                              const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
                                              const bf16* __restrict__ v_cache, const int* __restrict__ block_tables,
                                              const int* __restrict__ context_lens, int max_blocks, int heads,
-                                             int kv_heads, int head_dim, int block_size, float scale) {
+                                             int kv_heads, int head_dim, int block_size, float scale, int seq_base) {
     __shared__ float q_s[MAX_HEAD_DIM];
     __shared__ float scores[PARTITION];
-    const int h = blockIdx.x, s = blockIdx.y, p = blockIdx.z;
+    // Sequence s of the whole batch; its partials go to slot `local` of this launch's scratch.
+    const int h = blockIdx.x, local = blockIdx.y, s = seq_base + blockIdx.y, p = blockIdx.z;
     const int partitions = gridDim.z;
     const int context = context_lens[s];
     const int first = p * PARTITION;
@@ -96,13 +98,13 @@ extern "C" __global__ void paged_decode_bf16(bf16* __restrict__ out, float* __re
     float m = -INFINITY;
     for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, scores[i]);
     m = block_max(m);
-    float local = 0.0f;
+    float partial = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float e = __expf(scores[i] - m);
         scores[i] = e;
-        local += e;
+        partial += e;
     }
-    const float sum = block_sum(local);  // (block_sum synchronizes, so scores are visible)
+    const float sum = block_sum(partial);  // (block_sum synchronizes, so scores are visible)
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 
     // Values: threads across the head, tokens in order (coalesced rows).
@@ -116,11 +118,11 @@ extern "C" __global__ void paged_decode_bf16(bf16* __restrict__ out, float* __re
         if (partitions == 1) {
             out[((size_t)s * heads + h) * head_dim + d] = to_bf16(acc);
         } else {
-            part_out[(((size_t)s * heads + h) * partitions + p) * head_dim + d] = acc;
+            part_out[(((size_t)local * heads + h) * partitions + p) * head_dim + d] = acc;
         }
     }
     if (partitions > 1 && threadIdx.x == 0) {
-        const size_t i = ((size_t)s * heads + h) * partitions + p;
+        const size_t i = ((size_t)local * heads + h) * partitions + p;
         part_max[i] = n > 0 ? m : -INFINITY;
         part_sum[i] = n > 0 ? sum : 0.0f;
     }
@@ -131,10 +133,10 @@ extern "C" __global__ void paged_decode_bf16(bf16* __restrict__ out, float* __re
 extern "C" __global__ void decode_reduce_bf16(bf16* __restrict__ out, const float* __restrict__ part_out,
                                               const float* __restrict__ part_max, const float* __restrict__ part_sum,
                                               const int* __restrict__ context_lens, int heads, int head_dim,
-                                              int partitions) {
-    const int h = blockIdx.x, s = blockIdx.y;
-    const int used = (context_lens[s] + PARTITION - 1) / PARTITION;
-    const size_t base = ((size_t)s * heads + h) * partitions;
+                                              int partitions, int seq_base) {
+    const int h = blockIdx.x, local = blockIdx.y, s = seq_base + blockIdx.y;
+    const int used = min((context_lens[s] + PARTITION - 1) / PARTITION, partitions);
+    const size_t base = ((size_t)local * heads + h) * partitions;
     float m = -INFINITY;
     for (int p = 0; p < used; ++p) m = fmaxf(m, part_max[base + p]);
     float total = 0.0f;

@@ -37,6 +37,12 @@ pub enum CudaError {
     /// Sizes that do not fit the kernel's integer arguments.
     #[error("size {0} is too large for this kernel")]
     TooLarge(usize),
+    /// A module could not be loaded.
+    #[error("loading kernels: {0}")]
+    Load(String),
+    /// The GPU is too old for the kernels.
+    #[error("unsupported GPU: {0}")]
+    Unsupported(String),
     /// A geometry the kernel does not take.
     #[error("unsupported shape: {0}")]
     Shape(String),
@@ -56,6 +62,14 @@ pub struct Gpu {
     /// The stream kernels are launched on.
     pub stream: Arc<CudaStream>,
     functions: HashMap<&'static str, CudaFunction>,
+}
+
+/// `buf` must hold at least `n` values.
+fn need<T>(buf: &CudaSlice<T>, n: usize, what: &str) -> Result<(), CudaError> {
+    if buf.len() < n {
+        return Err(CudaError::Shape(format!("{what} holds {} values, the launch needs {n}", buf.len())));
+    }
+    Ok(())
 }
 
 fn int(n: usize) -> Result<i32, CudaError> {
@@ -78,13 +92,19 @@ impl Gpu {
             return Err(CudaError::NoDevice { asked: ordinal, present });
         }
         let ctx = CudaContext::new(ordinal)?;
+        let (major, minor) = ctx.compute_capability()?;
+        if major < 9 {
+            return Err(CudaError::Unsupported(format!("{} is compute capability {major}.{minor}; the kernels need 9.0 or newer (Hopper)", ctx.name()?)));
+        }
         let stream = ctx.default_stream();
         let mut functions = HashMap::new();
         for m in crate::MODULES {
             // The sm_90a SASS; on other GPUs the driver JITs the PTX.
             let module = match ctx.load_module(Ptx::from_binary(m.cubin.to_vec())) {
                 Ok(module) => module,
-                Err(_) => ctx.load_module(Ptx::from_src(m.ptx))?,
+                Err(cubin) => ctx
+                    .load_module(Ptx::from_src(m.ptx))
+                    .map_err(|ptx| CudaError::Load(format!("{}: the sm_90a cubin failed ({cubin}) and so did the PTX ({ptx})", m.name)))?,
             };
             for &f in m.functions {
                 functions.insert(f, module.load_function(f)?);
@@ -119,6 +139,12 @@ impl Gpu {
         if rows == 0 || n == 0 {
             return Ok(());
         }
+        need(out, rows * n, "out")?;
+        need(x, rows * n, "x")?;
+        need(weight, n, "weight")?;
+        if let Some(r) = &residual {
+            need(r, rows * n, "residual")?;
+        }
         let (n32, null) = (int(n)?, 0u64);
         let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (row_block(n), 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);
@@ -140,6 +166,9 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
+        need(out, n, "out")?;
+        need(gate, n, "gate")?;
+        need(up, n, "up")?;
         let n64 = i64::try_from(n).map_err(|_| CudaError::TooLarge(n))?;
         let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -156,6 +185,9 @@ impl Gpu {
         if rows == 0 || dim == 0 {
             return Ok(());
         }
+        need(out, rows * dim, "out")?;
+        need(ids, rows, "ids")?;
+        need(table, vocab as usize * dim, "table")?;
         let dim32 = int(dim)?;
         let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (row_block(dim), 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);
@@ -171,6 +203,8 @@ impl Gpu {
         if tokens == 0 || heads == 0 || head_dim < 2 {
             return Ok(());
         }
+        need(x, tokens * heads * head_dim, "x")?;
+        need(positions, tokens, "positions")?;
         let (heads32, dim32) = (int(heads)?, int(head_dim)?);
         let cfg = LaunchConfig { grid_dim: (int(tokens * heads)? as u32, 1, 1), block_dim: (row_block(head_dim / 2), 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);

@@ -11,7 +11,7 @@
 //! `gemm_bf16_f32out` (linear layers, f32 accumulation) and
 //! `rope_table_bf16` (RoPE from host-computed tables), launched through [`device::Gpu`] and checked against CPU
 //! references by `tests/gpu_kernels.rs` on a machine with a GPU. The engine's
-//! CUDA backend that uses them is not built yet.
+//! CUDA backend (`spindle-engine`, feature `cuda`) runs models with them.
 
 /// One compiled `.cu` file.
 #[derive(Debug, Clone, Copy)]

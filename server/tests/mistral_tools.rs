@@ -31,10 +31,11 @@ const TEMPLATE: &str = concat!(
     "{%- endif %}{%- endfor %}",
 );
 
-/// Renames a reserved token to `[TOOL_CALLS]` (still special) and installs the template.
-fn make_mistral(dir: &Path) {
+/// Installs the template; with `special`, renames a reserved token to
+/// `[TOOL_CALLS]` (still special), else the marker is plain text.
+fn make_mistral(dir: &Path, special: bool) {
     let rename = |v: &mut Value| {
-        if v["content"] == "<|reserved_0|>" {
+        if special && v["content"] == "<|reserved_0|>" {
             v["content"] = json!("[TOOL_CALLS]");
         }
     };
@@ -69,12 +70,24 @@ async fn stream(s: &common::Server, body: &Value) -> Vec<Value> {
 
 #[tokio::test]
 async fn mistral_calls_are_a_marker_token_then_a_json_list_and_chain_with_short_ids() {
+    run_format(true).await;
+}
+
+/// The same where `[TOOL_CALLS]` is not a token of the vocabulary: the
+/// grammar writes it as text, and free text can never contain it.
+#[tokio::test]
+async fn a_textual_mistral_marker_works_the_same() {
+    run_format(false).await;
+}
+
+async fn run_format(special: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("mistral");
     write_tiny_model(&TinyModelOptions { max_position: 2048, ..TinyModelOptions::new(TinyArch::Llama) }, &dir).unwrap();
-    make_mistral(&dir);
+    make_mistral(&dir, special);
     let s = common::start_model(dir.to_str().unwrap(), "mistral", vec![], Limits::default(), 512, |s| Arc::new(s)).await;
-    assert!(matches!(s.state.model.call_format, CallFormat::Mistral(Some(_))), "{:?}", s.state.model.call_format);
+    assert_eq!(matches!(s.state.model.call_format, CallFormat::Mistral(Some(_))), special, "{:?}", s.state.model.call_format);
+    assert!(matches!(s.state.model.call_format, CallFormat::Mistral(_)));
 
     let (mut calls, mut texts, mut chained) = (0, 0, 0);
     for seed in 0..16 {
@@ -122,7 +135,7 @@ async fn mistral_calls_are_a_marker_token_then_a_json_list_and_chain_with_short_
             chained += 1;
         }
     }
-    println!("mistral format: {calls} calls, {texts} text items, {chained} chained turns over 16 seeds");
+    println!("mistral format (special marker: {special}): {calls} calls, {texts} text items, {chained} chained turns over 16 seeds");
     assert!(calls >= 5, "too few completed calls");
     assert!(chained >= 4);
 }

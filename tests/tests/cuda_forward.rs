@@ -2,21 +2,25 @@
 //! models (Llama with GQA and untied head; Qwen3 with q/k norms and a wide
 //! head) and, when `SPINDLE_MODEL_GGUF` is set, SmolLM2-135M. For each: the
 //! logits of a prefill (every position) and of decode steps agree within
-//! bf16 tolerance, and 32 greedy tokens agree (up to the first step whose
-//! top-2 gap on the CPU is below the tolerance, where bf16 may swap them).
+//! bf16 tolerance, and 32 greedy tokens agree (a step whose top-2 gap on
+//! the CPU is within twice the step's largest logit error is a near tie, not
+//! compared; the CPU's token is fed to both either way). A prompt of 300
+//! tokens splits the context (partitions of 256), and a batch mixing a
+//! chunked prefill with another sequence's decode step checks per-token
+//! block tables.
 //! Runs with `--features cuda`; skipped (saying why) without a GPU.
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
-use spindle_engine::cuda::{driver_present, CudaModel, KvSize};
+use spindle_engine::cuda::{device_count, driver_present, CudaModel, KvSize};
 use spindle_engine::kv::BlockAllocator;
 use spindle_engine::load::load_model;
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::ModelRunner;
 use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyDtype, TinyModelOptions};
 
-const BLOCKS: usize = 64;
+const BLOCKS: usize = 128;
 const BLOCK_SIZE: usize = 16;
 
 fn batch(tokens: Vec<u32>, start_pos: usize, table: &[u32], logits: LogitsRequest) -> ForwardBatch {
@@ -64,28 +68,65 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     let vocab = gpu.config().vocab_size;
     let mut next = argmax(&cpu_out.seqs[0].logits[(prompt.len() - 1) * vocab..]).0 as u32;
     let mut pos = prompt.len();
+    let (mut agreed, mut ties) = (0, 0);
     for step in 0..32 {
         let b = batch(vec![next], pos, &table, LogitsRequest::Last);
         let c = cpu.execute(&b).expect("cpu step").seqs.remove(0).logits;
         let g = gpu.forward(&b).expect("gpu step").remove(0);
         let err = rel(&g, &c);
         assert!(err < 2e-2, "{label}: step {step}: rel err {err}");
+        let max_abs = g.iter().zip(&c).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         let (cpu_tok, gap) = argmax(&c);
-        let (gpu_tok, _) = argmax(&g);
-        if gap < 0.05 {
-            println!("{label}: step {step} is a near tie on the CPU (gap {gap:.3}); greedy comparison stops here");
-            return;
+        if gap <= 2.0 * max_abs {
+            ties += 1;
+        } else {
+            assert_eq!(argmax(&g).0, cpu_tok, "{label}: greedy token at step {step} (gap {gap}, max err {max_abs})");
+            agreed += 1;
         }
-        assert_eq!(gpu_tok, cpu_tok, "{label}: greedy token at step {step}");
         next = cpu_tok as u32;
         pos += 1;
     }
-    println!("{label}: 32 greedy tokens agree");
+    println!("{label}: greedy tokens agree at {agreed} of 32 steps ({ties} near ties not compared)");
+    assert!(agreed >= 16, "{label}: too many near ties to say anything");
+    mixed_batch(&mut cpu, &mut gpu, prompt, label);
+}
+
+/// One sequence's chunked prefill (second chunk, all logits) next to
+/// another's decode step, in one batch.
+fn mixed_batch(cpu: &mut ModelRunner, gpu: &mut CudaModel, prompt: &[u32], label: &str) {
+    let mut alloc = BlockAllocator::new(BLOCKS);
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    let a = &prompt[..40.min(prompt.len())];
+    let b: Vec<u32> = prompt.iter().rev().take(30).copied().collect();
+    alloc.ensure(&mut ta, a.len(), BLOCK_SIZE).expect("blocks");
+    alloc.ensure(&mut tb, b.len() + 1, BLOCK_SIZE).expect("blocks");
+    let first = ForwardBatch { seqs: vec![
+        SeqInput { tokens: a[..20].to_vec(), start_pos: 0, block_table: ta.clone(), logits: LogitsRequest::None, sampling: None },
+        SeqInput { tokens: b.clone(), start_pos: 0, block_table: tb.clone(), logits: LogitsRequest::Last, sampling: None },
+    ] };
+    cpu.execute(&first).expect("cpu");
+    gpu.forward(&first).expect("gpu");
+    let second = ForwardBatch { seqs: vec![
+        SeqInput { tokens: a[20..].to_vec(), start_pos: 20, block_table: ta, logits: LogitsRequest::All, sampling: None },
+        SeqInput { tokens: vec![b[0]], start_pos: b.len(), block_table: tb, logits: LogitsRequest::Last, sampling: None },
+    ] };
+    let c = cpu.execute(&second).expect("cpu");
+    let g = gpu.forward(&second).expect("gpu");
+    for (i, (gs, cs)) in g.iter().zip(&c.seqs).enumerate() {
+        assert_eq!(gs.len(), cs.logits.len(), "{label}: mixed batch sequence {i}: logits rows");
+        let err = rel(gs, &cs.logits);
+        assert!(err < 2e-2, "{label}: mixed batch sequence {i}: rel err {err}");
+    }
+    println!("{label}: mixed prefill + decode batch agrees");
 }
 
 fn gpu_ready() -> bool {
     if !driver_present() {
         println!("skipped: no CUDA driver on this machine (libcuda.so not found)");
+        return false;
+    }
+    if device_count() == 0 {
+        println!("skipped: a CUDA driver but no device");
         return false;
     }
     true
@@ -97,12 +138,15 @@ fn tiny_models_match_the_cpu_backend() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 300).collect();
+    // 300 tokens: the attention splits the context (partitions of 256).
+    let prompt: Vec<u32> = (0..300).map(|i| (i * 37 + 11) % 300).collect();
     let mut llama = TinyModelOptions::new(TinyArch::Llama);
     llama.kv_heads = 2;
+    llama.max_position = 1024;
     let mut qwen3 = TinyModelOptions::new(TinyArch::Qwen3);
     qwen3.dtype = TinyDtype::Bf16;
     qwen3.head_dim = Some(32);
+    qwen3.max_position = 1024;
     for (name, opts) in [("tiny-llama", llama), ("tiny-qwen3", qwen3)] {
         let dir = tmp.path().join(name);
         write_tiny_model(&opts, &dir).unwrap();

@@ -27,6 +27,14 @@ use weights::GpuLayer;
 
 pub use spindle_kernels::device::driver_present;
 
+/// CUDA devices present (0 without a driver; never panics).
+pub fn device_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count().map_or(0, |n| usize::try_from(n).unwrap_or(0))
+}
+
 impl From<CudaError> for EngineError {
     fn from(e: CudaError) -> Self {
         EngineError::Backend(e.to_string())
@@ -79,6 +87,9 @@ impl CudaModel {
     pub fn load(config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming, ordinal: usize, kv: KvSize, block_size: usize) -> Result<Self> {
         if config.family == ArchFamily::Qwen2 {
             return Err(EngineError::Backend("Qwen2 (q/k/v biases) is not supported by the CUDA backend yet".into()));
+        }
+        if config.head_dim > spindle_kernels::device::MAX_HEAD_DIM {
+            return Err(EngineError::Backend(format!("head_dim {} is over the CUDA attention kernel's {}", config.head_dim, spindle_kernels::device::MAX_HEAD_DIM)));
         }
         let gpu = Gpu::open(ordinal)?;
         let loaded = weights::upload(&gpu, &config, src, naming)?;

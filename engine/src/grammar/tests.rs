@@ -31,8 +31,9 @@ fn a_json_schema_allows_only_valid_documents_then_eos() {
     assert!(follows(&mut c, &tok, "{\"n\": 12, \"e\": \"b\"}"));
     assert!(c.is_accepting());
     let mask = c.allowed();
-    assert_eq!(mask.num_set(), 1, "only EOS after the document");
-    assert!(mask.is_allowed(2));
+    // Nothing but EOS (or nothing at all, once the matcher has stopped).
+    assert!(mask.num_set() <= 1, "only EOS after the document");
+    assert!(mask.num_set() == 0 || mask.is_allowed(2));
 
     let mut wrong = g.compile_json_schema(schema.clone()).unwrap();
     assert!(!follows(&mut wrong, &tok, "{\"n\": 12, \"e\": \"c\"}"), "an enum value outside the schema");
@@ -65,14 +66,18 @@ fn unsupported_schema_keywords_and_bad_grammars_are_errors_naming_them() {
 }
 
 #[test]
-fn a_dead_end_allows_only_eos_instead_of_failing() {
+fn a_finished_grammar_allows_nothing_and_a_dead_end_only_eos() {
     let (g, tok) = compiler();
     let mut c = g.compile_lark("start: \"ab\"").unwrap();
     assert!(follows(&mut c, &tok, "ab"));
-    let mask = c.allowed();
-    assert!(mask.is_allowed(2) && mask.num_set() == 1);
+    assert_eq!(c.allowed().num_set(), 0, "finished: the sequence ends here, without sampling");
     c.accept(2).unwrap();
     c.accept(5).unwrap(); // ignored after the grammar finished
+    let mut dead = g.compile_lark("start: \"ab\"").unwrap();
+    let bad = tok.encode("x", false).unwrap()[0];
+    assert!(dead.accept(bad).is_err());
+    let mask = dead.allowed();
+    assert!(mask.is_allowed(2) && mask.num_set() == 1, "a dead end allows only EOS, so the sequence ends instead of failing the batch");
 }
 
 #[test]
@@ -124,6 +129,16 @@ fn a_dead_end_without_eos_allows_nothing_so_the_sequence_ends() {
     assert!(logits.iter().all(|l| *l == f32::NEG_INFINITY));
     let mut fresh = g.compile_lark("start: \"hello\"").unwrap();
     assert!(fresh.mask_logits(&mut vec![0.0f32; tok.vocab_size() + 5]));
+}
+
+#[test]
+fn the_guessed_eos_of_a_tokenizer_without_one_is_never_allowed() {
+    let (mut g, tok) = compiler();
+    g.eos.clear();
+    let mut c = g.compile_lark("start: \"hello\"").unwrap();
+    assert!(follows(&mut c, &tok, "hello"));
+    let mut logits = vec![0.0f32; tok.vocab_size() + 5];
+    assert!(!c.mask_logits(&mut logits), "a finished grammar without EOS allows nothing: the sequence ends");
 }
 
 #[test]

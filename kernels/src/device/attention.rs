@@ -2,7 +2,7 @@
 //! and values into their cache slots, and decode attention split along the
 //! context (flash-decoding) with a reduction over the splits.
 
-use super::{int, CudaError, Gpu};
+use super::{int, need, CudaError, Gpu};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
@@ -11,6 +11,11 @@ pub const DECODE_PARTITION: usize = 256;
 /// Widest head the decode kernel takes (`MAX_HEAD_DIM` in attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
 const DECODE_THREADS: u32 = 128;
+/// Most bytes of split-K partials one launch writes (longer batches are
+/// launched in chunks of sequences).
+const SCRATCH_BYTES: usize = 256 << 20;
+/// gridDim.y limit.
+const MAX_GRID_Y: usize = 65_535;
 
 /// The geometry of one decode attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +55,14 @@ impl DecodeShape {
         }
         Ok(())
     }
+
+    /// Sequences per launch: within the grid's y limit and, when the context
+    /// is split, within [`SCRATCH_BYTES`] of partials.
+    fn chunk(&self) -> usize {
+        let per_seq = self.heads * self.partitions() * (self.head_dim + 2) * 4;
+        let by_scratch = if self.partitions() > 1 { (SCRATCH_BYTES / per_seq.max(1)).max(1) } else { usize::MAX };
+        self.seqs.min(MAX_GRID_Y).min(by_scratch).max(1)
+    }
 }
 
 impl Gpu {
@@ -69,6 +82,13 @@ impl Gpu {
         let f = self.function("kv_write_bf16")?;
         if tokens == 0 || kv_dim == 0 {
             return Ok(());
+        }
+        need(k, tokens * kv_dim, "k")?;
+        need(v, tokens * kv_dim, "v")?;
+        need(slots, tokens, "slots")?;
+        need(v_cache, k_cache.len(), "v_cache")?;
+        if k_cache.len() % kv_dim != 0 {
+            return Err(CudaError::Shape(format!("a cache of {} values does not hold rows of {kv_dim}", k_cache.len())));
         }
         let dim32 = int(kv_dim)?;
         let cfg = LaunchConfig { grid_dim: (int(tokens)? as u32, 1, 1), block_dim: (super::row_block(kv_dim), 1, 1), shared_mem_bytes: 0 };
@@ -102,40 +122,52 @@ impl Gpu {
             return Ok(());
         }
         shape.check()?;
+        let rows = shape.seqs * shape.heads * shape.head_dim;
+        need(out, rows, "out")?;
+        need(q, rows, "q")?;
+        need(block_tables, shape.seqs * shape.max_blocks, "block_tables")?;
+        need(context_lens, shape.seqs, "context_lens")?;
+        need(v_cache, k_cache.len(), "v_cache")?;
         let parts = shape.partitions();
+        let chunk = shape.chunk();
         let (max_blocks, heads, kv_heads) = (int(shape.max_blocks)?, int(shape.heads)?, int(shape.kv_heads)?);
         let (head_dim, block_size, parts32) = (int(shape.head_dim)?, int(shape.block_size)?, int(parts)?);
-        let grid = (heads as u32, int(shape.seqs)? as u32, parts32 as u32);
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let partials = shape.seqs * shape.heads * parts;
+        let partials = chunk * shape.heads * parts;
+        // SAFETY: uninitialized scratch; the decode kernel writes every entry
+        // (partitions past a sequence's context included) before the
+        // reduction reads the ones it uses.
         let work = if parts > 1 {
-            Some((
-                self.stream.alloc_zeros::<f32>(partials * shape.head_dim)?,
-                self.stream.alloc_zeros::<f32>(partials)?,
-                self.stream.alloc_zeros::<f32>(partials)?,
-            ))
+            Some(unsafe {
+                (self.stream.alloc::<f32>(partials * shape.head_dim)?, self.stream.alloc::<f32>(partials)?, self.stream.alloc::<f32>(partials)?)
+            })
         } else {
             None
         };
         let null = 0u64;
-        let mut launch = self.stream.launch_builder(decode);
-        launch.arg(&mut *out);
-        match &work {
-            Some((o, m, s)) => launch.arg(o).arg(m).arg(s),
-            None => launch.arg(&null).arg(&null).arg(&null),
-        };
-        launch.arg(q).arg(k_cache).arg(v_cache).arg(block_tables).arg(context_lens);
-        launch.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&block_size).arg(&scale);
-        // SAFETY: the arguments match the kernel; q/out hold seqs * heads *
-        // head_dim values, the tables seqs * max_blocks valid block ids, and
-        // the partial buffers seqs * heads * parts (* head_dim) values.
-        unsafe { launch.launch(cfg) }?;
-        if let Some((o, m, s)) = &work {
-            let cfg = LaunchConfig { grid_dim: (heads as u32, grid.1, 1), block_dim: (super::row_block(shape.head_dim), 1, 1), shared_mem_bytes: 0 };
-            let mut launch = self.stream.launch_builder(reduce);
-            launch.arg(out).arg(o).arg(m).arg(s).arg(context_lens).arg(&heads).arg(&head_dim).arg(&parts32);
-            // SAFETY: as above; the reduction reads what the decode wrote.
+        for base in (0..shape.seqs).step_by(chunk) {
+            let n = chunk.min(shape.seqs - base) as u32;
+            let base32 = int(base)?;
+            let cfg = LaunchConfig { grid_dim: (heads as u32, n, parts32 as u32), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
+            let mut launch = self.stream.launch_builder(decode);
+            launch.arg(&mut *out);
+            match &work {
+                Some((o, m, s)) => launch.arg(o).arg(m).arg(s),
+                None => launch.arg(&null).arg(&null).arg(&null),
+            };
+            launch.arg(q).arg(k_cache).arg(v_cache).arg(block_tables).arg(context_lens);
+            launch.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&block_size).arg(&scale).arg(&base32);
+            // SAFETY: the arguments match the kernel; the lengths were checked
+            // above, the tables hold valid block ids and the context lengths
+            // are at most max_context (the caller's contract), and the
+            // partial buffers hold chunk * heads * parts (* head_dim) values.
             unsafe { launch.launch(cfg) }?;
+            if let Some((o, m, s)) = &work {
+                let cfg = LaunchConfig { grid_dim: (heads as u32, n, 1), block_dim: (super::row_block(shape.head_dim), 1, 1), shared_mem_bytes: 0 };
+                let mut launch = self.stream.launch_builder(reduce);
+                launch.arg(&mut *out).arg(o).arg(m).arg(s).arg(context_lens).arg(&heads).arg(&head_dim).arg(&parts32).arg(&base32);
+                // SAFETY: as above; the reduction reads what this chunk's decode wrote.
+                unsafe { launch.launch(cfg) }?;
+            }
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Launches of the dense kernels: the linear-layer GEMM (`cuda/gemm.cu`) and
 //! RoPE from host-computed tables (`cuda/elementwise.cu`).
 
-use super::{int, row_block, CudaError, Gpu};
+use super::{int, need, row_block, CudaError, Gpu};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::bf16;
 
@@ -29,6 +29,9 @@ impl Gpu {
         if m == 0 || n == 0 {
             return Ok(());
         }
+        need(y, m * n, "y")?;
+        need(x, m * k, "x")?;
+        need(w, n * k, "w")?;
         let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
         let grid = (n.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1);
         if grid.1 > 65_535 {
@@ -50,6 +53,9 @@ impl Gpu {
         if tokens == 0 || heads == 0 || head_dim < 2 {
             return Ok(());
         }
+        need(x, tokens * heads * head_dim, "x")?;
+        need(cos, tokens * (head_dim / 2), "cos")?;
+        need(sin, tokens * (head_dim / 2), "sin")?;
         let (heads32, dim32, style) = (int(heads)?, int(head_dim)?, i32::from(interleaved));
         let cfg = LaunchConfig { grid_dim: (int(tokens * heads)? as u32, 1, 1), block_dim: (row_block(head_dim / 2), 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);

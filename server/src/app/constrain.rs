@@ -234,18 +234,29 @@ impl<'a> Plan<'a> {
     /// Mistral rules: the marker (its token, or its text), then a JSON list
     /// of calls; free text cannot contain the marker. Returns the start expansion.
     fn mistral(&self, g: &mut String, text: Option<&str>, marker: Option<u32>) -> String {
-        let marker = marker.map_or_else(|| lark_string(MISTRAL_MARKER), |id| format!("<[{id}]>"));
         let more = match self.max_calls {
             1 => String::new(),
             usize::MAX => "(\", \" body)*".to_string(),
             n => format!("(\", \" body){{0,{}}}", n - 1),
         };
-        g.push_str(&format!("calls: {marker} \" [\" body {more} \"]\"\n"));
-        g.push_str("MTEXT: /(.|\\n)*/ & ~/(.|\\n)*\\[TOOL_CALLS\\](.|\\n)*/\n");
-        match (self.required, text) {
-            (true, _) => "calls".to_string(),
-            (false, Some(json_text)) => format!("{json_text} | calls"),
-            (false, None) => "MTEXT | MTEXT calls".to_string(),
+        let list = format!("\" [\" body {more} \"]\"");
+        match marker {
+            // A special token: free text (bytes) can never contain it.
+            Some(id) => g.push_str(&format!("calls: <[{id}]> {list}\nMTEXT: /(.|\\n)*/\n")),
+            // Text: free text may not contain it, and text before the calls
+            // ends right at it (as Hermes' `<tool_call>`).
+            None => {
+                g.push_str(&format!("calls: {} {list}\n", lark_string(MISTRAL_MARKER)));
+                g.push_str(&format!("after_marker: {list}\n"));
+                g.push_str("MTEXT: /(.|\\n)*/ & ~/(.|\\n)*\\[TOOL_CALLS\\](.|\\n)*/\n");
+                g.push_str("mpre[suffix=\"[TOOL_CALLS]\"]: /(.|\\n)*/\n");
+            }
+        }
+        match (self.required, text, marker) {
+            (true, _, _) => "calls".to_string(),
+            (false, Some(json_text), _) => format!("{json_text} | calls"),
+            (false, None, Some(_)) => "MTEXT | MTEXT calls".to_string(),
+            (false, None, None) => "MTEXT | mpre after_marker".to_string(),
         }
     }
 

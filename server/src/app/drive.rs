@@ -27,6 +27,8 @@ pub struct Persist {
     pub reasoning: Option<super::reasoning::ReasoningSplitter>,
     /// `reasoning.summary` as asked (see [`super::summary`]).
     pub summary: Option<crate::protocol::ReasoningSummary>,
+    /// The request's `prompt_cache_key` (side generations share it).
+    pub cache_salt: Option<String>,
     /// The prompt's ids; with the generated ids, recorded in the model's
     /// [`super::ledger::TokenLedger`] when the turn ends without failing.
     pub prompt: Vec<u32>,
@@ -44,12 +46,13 @@ pub async fn drive(
     mut persist: Persist,
 ) -> Value {
     let mut reasoning = persist.reasoning.take();
-    let mut summarizer = super::summary::Summarizer::new(persist.summary, state.model.think_tags);
+    let mut summarizer = super::summary::Summarizer::new(persist.summary, state.model.think_tags, persist.cache_salt.take());
     let mut events: Vec<Value> = Vec::new();
     let mut timing = Timing::new();
     let deadline = tokio::time::Instant::now() + state.limits.request_timeout;
     let mut draining = state.draining.subscribe();
     let mut tool_calls = ToolCallParser::for_response(mapper.response_ref(), state.model.call_format);
+    let tool_calls_on = tool_calls.is_some();
     let mut alive = emit(&sink, &mut events, mapper.start()).await;
     let mut held: Vec<String> = Vec::new();
     let mut generated: Vec<u32> = Vec::new();
@@ -75,14 +78,14 @@ pub async fn drive(
         if let GenerationEvent::Delta { token, .. } = &event {
             generated.push(token.id);
         }
+        let mut inputs = route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut(), tool_calls_on));
+        if let Some(s) = summarizer.as_mut() {
+            inputs = s.interleave(&state, inputs, deadline, stop_signal(&state, sink.as_ref())).await;
+        }
         if terminal {
             if let Some(flag) = sink.as_ref().and_then(|s| s.ending.as_ref()) {
                 flag.store(true, std::sync::atomic::Ordering::Release);
             }
-        }
-        let mut inputs = route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut()));
-        if let Some(s) = summarizer.as_mut() {
-            inputs = s.interleave(&state, inputs).await;
         }
         let outs: Vec<_> = inputs.into_iter().map(|input| mapper.push(input)).collect();
         if terminal {
@@ -214,14 +217,16 @@ fn to_mapper_inputs(
     timing: &mut Timing,
     state: &AppState,
     reasoning: Option<&mut ReasoningSplitter>,
+    calls_parsed: bool,
 ) -> Vec<MapperInput> {
     match event {
         GenerationEvent::Started { cached_tokens } => vec![MapperInput::Started { cached_tokens }],
         GenerationEvent::Delta { mut text, token } => {
-            if let Some((id, marker)) = state.model.call_format.marker_token() {
+            if let Some((id, marker)) = state.model.call_format.marker_token().filter(|_| calls_parsed) {
                 if token.id == id && !text.contains(marker) {
-                    // A special marker decodes to nothing; the call parser needs it.
-                    text.insert_str(0, marker);
+                    // A special marker decodes to nothing; the call parser
+                    // needs it (after any text held over from earlier tokens).
+                    text.push_str(marker);
                 }
             }
             let now = Instant::now();
@@ -251,6 +256,25 @@ fn to_mapper_inputs(
             inputs
         }
         GenerationEvent::Failed { message } => vec![MapperInput::Failed { message }],
+    }
+}
+
+/// Resolves when the response must stop waiting on side work: the server
+/// drains, or the client went away.
+fn stop_signal(state: &AppState, sink: Option<&Sink>) -> impl std::future::Future<Output = ()> {
+    let mut draining = state.draining.subscribe();
+    let tx = sink.map(|s| s.tx.clone());
+    async move {
+        let closed = async {
+            match tx {
+                Some(tx) => tx.closed().await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = draining.wait_for(|d| *d) => {}
+            () = closed => {}
+        }
     }
 }
 

@@ -71,19 +71,26 @@ impl TokenLedger {
         inner.turns.get(response_id).map(|t| t.tokens.clone())
     }
 
-    /// The turn to extend: `previous` when recorded, else the turn of the
-    /// last of `item_ids` that is a recorded output item.
-    fn candidate(&self, previous: Option<&str>, item_ids: &[&str]) -> Option<Arc<Turn>> {
-        let inner = self.inner.lock().ok()?;
-        if let Some(turn) = previous.and_then(|id| inner.turns.get(id)) {
-            return Some(turn.clone());
+    /// The turns to try extending: `previous` when recorded, then the turn
+    /// of the last of `item_ids` that is a recorded output item.
+    fn candidates(&self, previous: Option<&str>, item_ids: &[&str]) -> Vec<Arc<Turn>> {
+        let Ok(inner) = self.inner.lock() else { return Vec::new() };
+        let by_previous = previous.and_then(|id| inner.turns.get(id)).cloned();
+        let by_item = item_ids.iter().rev().find_map(|item| inner.by_item.get(*item)).and_then(|id| inner.turns.get(id)).cloned();
+        let mut out: Vec<Arc<Turn>> = by_previous.into_iter().collect();
+        if let Some(turn) = by_item {
+            if !out.iter().any(|t| Arc::ptr_eq(t, &turn)) {
+                out.push(turn);
+            }
         }
-        item_ids
-            .iter()
-            .rev()
-            .find_map(|item| inner.by_item.get(*item))
-            .and_then(|id| inner.turns.get(id))
-            .cloned()
+        out
+    }
+
+    /// Forgets a response (deleted by its owner).
+    pub fn forget(&self, response_id: &str) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.remove(response_id);
+        }
     }
 
     /// The prompt ids of `text`: a recorded turn's ids plus the rest's when
@@ -96,11 +103,10 @@ impl TokenLedger {
         previous: Option<&str>,
         item_ids: &[&str],
     ) -> Result<Vec<u32>, spindle_engine::EngineError> {
-        if let Some(turn) = self.candidate(previous, item_ids) {
+        for turn in self.candidates(previous, item_ids) {
             if let Some(ids) = extend(tokenizer, &turn.tokens, text) {
                 return Ok(ids);
             }
-            tracing::debug!("the prompt does not extend the recorded turn's text; tokenized whole");
         }
         tokenizer.encode(text, false)
     }

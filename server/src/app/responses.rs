@@ -100,7 +100,7 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
     let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
     let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt,
-        summary: req.reasoning.and_then(|r| r.summary) };
+        summary: req.reasoning.and_then(|r| r.summary), cache_salt: req.prompt_cache_key.clone() };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
 }
 
@@ -229,6 +229,7 @@ pub async fn retrieve(
 pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let key = id.clone();
     let deleted = with_store(&state, move |s| s.delete(&key)).await?;
+    state.model.ledger.forget(&id);
     if !deleted {
         return Err(ApiError::not_found(format!("No response found with id '{id}'.")));
     }

@@ -90,9 +90,12 @@ pub struct ToolCallParser {
     emitting: bool,
     /// Mistral's `[TOOL_CALLS] [call, …]` instead of `<tool_call>` blocks.
     list: bool,
-    /// What followed the open tag before the call (a list's ` [`), emitted
-    /// after the tag if the block is malformed.
+    /// What followed the open tag before the call (a list's ` [`, or the
+    /// `, ` before a list's next call), emitted if the block is malformed.
     held_after: String,
+    /// The open call follows a `,` in a list: a malformed one re-emits only
+    /// the separator (the tag was not written there).
+    list_next: bool,
 }
 
 impl ToolCallParser {
@@ -116,6 +119,7 @@ impl ToolCallParser {
             emitting: false,
             list: false,
             held_after: String::new(),
+            list_next: false,
         }
     }
 
@@ -251,6 +255,7 @@ impl ToolCallParser {
                 self.buf.drain(..lead + len);
                 self.held_ws.clear();
                 self.held_after.clear();
+                self.list_next = false;
                 self.start_streamed(name, out);
                 return true;
             }
@@ -263,6 +268,7 @@ impl ToolCallParser {
                     self.buf.drain(..lead + n);
                     self.held_ws.clear();
                     self.held_after.clear();
+                    self.list_next = false;
                     self.accept(name, arguments, out);
                     self.mode = Mode::Close;
                     true
@@ -316,7 +322,10 @@ impl ToolCallParser {
             return false;
         }
         if let Some(rest) = trimmed.strip_prefix(',') {
-            self.buf = rest.to_owned();
+            let rest = rest.to_owned();
+            self.held_after = self.buf[..self.buf.len() - rest.len()].to_owned();
+            self.list_next = true;
+            self.buf = rest;
             self.mode = Mode::Call;
             return true;
         }
@@ -404,7 +413,8 @@ impl ToolCallParser {
     /// The open block is not a call: its tag (with the whitespace before it)
     /// and body go on as text.
     fn malformed(&mut self, out: &mut Vec<MapperInput>) -> bool {
-        let tag = format!("{}{}{}", std::mem::take(&mut self.held_ws), self.open_tag(), std::mem::take(&mut self.held_after));
+        let tag = if std::mem::take(&mut self.list_next) { "" } else { self.open_tag() };
+        let tag = format!("{}{tag}{}", std::mem::take(&mut self.held_ws), std::mem::take(&mut self.held_after));
         self.emit_text(&tag, out);
         self.mode = Mode::Text;
         true

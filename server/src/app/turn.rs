@@ -72,7 +72,11 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Res
     let mut skip = 0;
     loop {
         let items: Vec<InputItem> = parsed[skip..].iter().chain(input.iter()).cloned().collect();
-        let prompt = render(state, req, &items)?;
+        let mut prompt = render(state, req, &items, true)?;
+        if prompt.len() >= limit {
+            // The earlier turns' sampled ids can outnumber a re-tokenization.
+            prompt = render(state, req, &items, false)?;
+        }
         if prompt.len() < limit {
             return Ok(PreparedTurn { prompt, history });
         }
@@ -132,10 +136,13 @@ fn check_call_ids(history: &[InputItem], input: &[InputItem]) -> Result<(), ApiE
 
 /// Tools go through the chat template, or the default tool format when the
 /// template has none ([`tools::render_prompt`]).
-/// The ids extend a recorded earlier turn's ids exactly where the text
-/// allows ([`super::ledger`]).
-fn render(state: &AppState, req: &ValidRequest, items: &[InputItem]) -> Result<Vec<u32>, ApiError> {
+/// With `exact`, the ids extend a recorded earlier turn's ids exactly where
+/// the text allows ([`super::ledger`]); else the text is tokenized whole.
+fn render(state: &AppState, req: &ValidRequest, items: &[InputItem], exact: bool) -> Result<Vec<u32>, ApiError> {
     let text = tools::render_prompt(&state.model.template, req, items)?;
+    if !exact {
+        return state.model.tokenizer.encode(&text, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")));
+    }
     let item_ids: Vec<&str> = req.input.iter().filter_map(InputItem::item_id).collect();
     state
         .model

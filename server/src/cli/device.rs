@@ -70,24 +70,24 @@ fn auto() -> Device {
     if !cfg!(feature = "cuda") {
         tracing::info!("device auto: this binary has no CUDA backend; using the CPU");
         Device::Cpu
-    } else if driver_present() {
-        tracing::info!("device auto: a CUDA driver is present; using cuda:0");
+    } else if gpu_count() > 0 {
+        tracing::info!("device auto: {} CUDA device(s) present; using cuda:0", gpu_count());
         Device::Cuda(0)
     } else {
-        tracing::info!("device auto: no CUDA driver (libcuda.so) on this machine; using the CPU");
+        tracing::info!("device auto: no CUDA driver or device on this machine; using the CPU");
         Device::Cpu
     }
 }
 
-/// Whether a CUDA driver can be loaded (false without the backend).
-fn driver_present() -> bool {
+/// CUDA devices present (0 without the backend or a driver).
+fn gpu_count() -> usize {
     #[cfg(feature = "cuda")]
     {
-        spindle_engine::cuda::driver_present()
+        spindle_engine::cuda::device_count()
     }
     #[cfg(not(feature = "cuda"))]
     {
-        false
+        0
     }
 }
 
@@ -148,8 +148,8 @@ mod tests {
 
     #[test]
     fn auto_without_a_gpu_is_the_cpu_and_cuda_needs_the_backend() {
-        if driver_present() {
-            println!("skipped: a CUDA driver is present here");
+        if gpu_count() > 0 {
+            println!("skipped: a GPU is present here");
             return;
         }
         assert!(matches!(resolve(Device::Auto), Ok(Device::Cpu)));

@@ -142,7 +142,11 @@ fn start_engine(args: &ServeArgs) -> anyhow::Result<Started> {
         model_salt: model_salt(path),
     };
     if let Device::Cuda(ordinal) = device::resolve(args.device)? {
-        return device::start_cuda(&args.model, ordinal, args.gpu_memory_utilization, BLOCK_SIZE, sched);
+        match device::start_cuda(&args.model, ordinal, args.gpu_memory_utilization, BLOCK_SIZE, sched) {
+            Ok(started) => return Ok(started),
+            Err(e) if args.device == Device::Auto => tracing::warn!("device auto: the GPU cannot serve this model ({e}); using the CPU"),
+            Err(e) => return Err(e),
+        }
     }
     let loaded = load_with_bar(&args.model)?;
     let config = loaded.model.config().clone();

@@ -65,9 +65,25 @@ pub async fn run_task(state: Arc<AppState>, live: Arc<LiveTask>, stream: EventSt
     live.publish(&[last]);
     if stored {
         state.tasks.remove(&live.id);
+    } else {
+        // The hub keeps the finished task (its readers get the final record,
+        // not the store's stale `in_progress` one) while the write is retried
+        // in the background, for at most ten minutes.
+        tokio::spawn(retry_final_record(state.clone(), live.id.clone(), live.record()));
     }
-    // Else the hub keeps the finished task, so its readers get the final
-    // record instead of the store's stale `in_progress` one.
+}
+
+/// Retries storing a finished task's record every 10 s, then forgets the task
+/// from the hub (stored or not).
+async fn retry_final_record(state: Arc<AppState>, id: String, record: TaskRecord) {
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let to_store = record.clone();
+        if with_store(&state, move |s| s.put_task(&to_store)).await.is_ok() {
+            break;
+        }
+    }
+    state.tasks.remove(&id);
 }
 
 /// Stores the final record, retrying twice; false when every try failed.

@@ -244,6 +244,9 @@ fn mistral_lists_are_calls_and_a_stray_marker_stays_text() {
     check(mistral, "[TOOL_CALLS] nothing", &["[TOOL_CALLS] nothing"]);
     check(mistral, "[TOOL_CALLS] [{\"name\": \"get_w", &["[TOOL_CALLS] [{\"name\": \"get_w"]);
     check(mistral, "[TOOL_ and text", &["[TOOL_ and text"]);
+    // A list cut off inside its second call: the first call, then the rest as written.
+    let cut = "[TOOL_CALLS] [{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}, {\"name\": \"get_w";
+    check(mistral, cut, &["get_time({\"tz\": \"UTC\"})", ", {\"name\": \"get_w"]);
     // Hermes tags are plain text to a Mistral parser.
     check(mistral, CALL_A, &[CALL_A]);
     let one = || ToolCallParser::new(["get_weather", "get_time"], false, None).mistral();
