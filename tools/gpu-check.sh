@@ -5,7 +5,8 @@
 #                                # tests and benchmarks into gpu-check/bin
 #   tools/gpu-check.sh run       # on the device machine (no Rust there), with
 #                                # gpu-check/bin carried: correctness, sanitizers,
-#                                # benchmarks; a report in $OUT (or gpu-check/)
+#                                # benchmarks (attention GB/s, 8B-shape decode and
+#                                # prefill tok/s); a report in $OUT (or gpu-check/)
 #
 # `run` needs only the NVIDIA driver; compute-sanitizer is used when found
 # (PATH, CUDA_HOME or /usr/local/cuda). Exit status: 1 if a correctness
@@ -28,6 +29,8 @@ prepare() {
     cp "$test_bin" "$BIN/cuda_forward"
     cargo build --release -p spindle-kernels --features cuda --example paged_decode_bench
     cp target/release/examples/paged_decode_bench "$BIN/"
+    cargo build --release -p spindle-benches --features cuda --bin gpu-model-bench
+    cp target/release/gpu-model-bench "$BIN/"
     strip "$BIN"/* 2>/dev/null || true  # (64 MiB travel to the device)
     ls -l "$BIN"
 }
@@ -75,6 +78,10 @@ run() {
         echo "## Paged decode attention bandwidth (8B geometry: 32 q heads, 8 kv heads, head_dim 128)"
         echo '```'
         "$BIN/paged_decode_bench" 2>&1 || true
+        echo '```'
+        echo "## Whole model, Llama-3.1-8B shapes, random bf16 weights"
+        echo '```'
+        timeout 420 "$BIN/gpu-model-bench" 2>&1 || echo "(gpu-model-bench did not finish: exit $?)"
         echo '```'
     } >> "$report"
     cat "$report"

@@ -85,6 +85,22 @@ impl CudaModel {
     /// Loads the model onto GPU `ordinal` with a KV cache of `kv` in blocks
     /// of `block_size` tokens. No driver or device is an error.
     pub fn load(config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming, ordinal: usize, kv: KvSize, block_size: usize) -> Result<Self> {
+        Self::build(config, ordinal, kv, block_size, |gpu, config| weights::upload(gpu, config, src, naming))
+    }
+
+    /// A model of `config`'s shapes with random weights (see
+    /// [`weights::random`]), for benchmarks without a file.
+    pub fn random(config: ModelConfig, seed: u64, ordinal: usize, kv: KvSize, block_size: usize) -> Result<Self> {
+        Self::build(config, ordinal, kv, block_size, |gpu, config| weights::random(gpu, config, seed))
+    }
+
+    fn build(
+        config: ModelConfig,
+        ordinal: usize,
+        kv: KvSize,
+        block_size: usize,
+        weights: impl FnOnce(&Gpu, &ModelConfig) -> Result<weights::Uploaded>,
+    ) -> Result<Self> {
         if config.family == ArchFamily::Qwen2 {
             return Err(EngineError::Backend("Qwen2 (q/k/v biases) is not supported by the CUDA backend yet".into()));
         }
@@ -92,7 +108,7 @@ impl CudaModel {
             return Err(EngineError::Backend(format!("head_dim {} is over the CUDA attention kernel's {}", config.head_dim, spindle_kernels::device::MAX_HEAD_DIM)));
         }
         let gpu = Gpu::open(ordinal)?;
-        let loaded = weights::upload(&gpu, &config, src, naming)?;
+        let loaded = weights(&gpu, &config)?;
         let num_blocks = match kv {
             KvSize::Blocks(n) => n,
             KvSize::MemoryFraction(fraction) => blocks_for_fraction(&gpu, fraction, Self::kv_bytes_per_block(&config, block_size))?,

@@ -98,3 +98,48 @@ pub(super) fn upload(gpu: &Gpu, config: &ModelConfig, src: &dyn TensorSource, na
         layers,
     })
 }
+
+/// Random weights with `config`'s shapes (uniform in ±`scale`, norms 1),
+/// made on the host from `seed`: for benchmarks of real architectures'
+/// shapes without a file.
+pub(super) fn random(gpu: &Gpu, config: &ModelConfig, seed: u64) -> Result<Uploaded> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut fill = |n: usize, scale: f32| -> Result<CudaSlice<bf16>> {
+        let host: Vec<bf16> = (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                bf16::from_f32(((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale)
+            })
+            .collect();
+        Ok(gpu.stream.clone_htod(&host)?)
+    };
+    let ones = |n: usize| -> Result<CudaSlice<bf16>> { Ok(gpu.stream.clone_htod(&vec![bf16::ONE; n])?) };
+    let c = config;
+    let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let w = 1.0 / (h as f32).sqrt();
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for _ in 0..c.num_layers {
+        let qk_norm = c.family == ArchFamily::Qwen3;
+        layers.push(GpuLayer {
+            attn_norm: ones(h)?,
+            wq: fill(q * h, w)?,
+            wk: fill(kv * h, w)?,
+            wv: fill(kv * h, w)?,
+            wo: fill(h * q, w)?,
+            q_norm: if qk_norm { Some(ones(c.head_dim)?) } else { None },
+            k_norm: if qk_norm { Some(ones(c.head_dim)?) } else { None },
+            ffn_norm: ones(h)?,
+            gate: fill(ff * h, w)?,
+            up: fill(ff * h, w)?,
+            down: fill(h * ff, 1.0 / (ff as f32).sqrt())?,
+        });
+    }
+    Ok(Uploaded {
+        embed: fill(c.vocab_size * h, 1.0)?,
+        lm_head: if c.tie_word_embeddings { None } else { Some(fill(c.vocab_size * h, w)?) },
+        final_norm: ones(h)?,
+        layers,
+    })
+}

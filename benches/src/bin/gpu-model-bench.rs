@@ -1,0 +1,125 @@
+//! Whole-model throughput of the CUDA backend with Llama-3.1-8B's shapes and
+//! random bf16 weights (made on the host, nothing read from disk):
+//! `gpu-model-bench [--layers N]` (feature `cuda`; `tools/gpu-check.sh run`
+//! runs the prebuilt binary). Prints one line per measurement:
+//!
+//! - decode: one step for B sequences of 512 cached tokens each, for B in
+//!   1, 8, 32, 64, 128, 256 (tokens/s = B / step time, median of 10 steps);
+//!   batch 1 also as a fraction of the memory-bandwidth roofline
+//!   (weight bytes per token at 4.8 TB/s, the H200's HBM3e);
+//! - prefill: one sequence of 512 and of 4096 tokens in one step
+//!   (tokens/s, and the fraction of 989 dense bf16 TFLOP/s it reaches).
+//!
+//! Without a GPU it says so and exits 0.
+
+use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
+use spindle_engine::config::{ArchFamily, Llama3RopeScaling, ModelConfig, RopeStyle};
+use spindle_engine::cuda::{device_count, CudaModel, KvSize};
+use std::time::Instant;
+
+const BLOCK_SIZE: usize = 16;
+const HBM_BYTES_PER_S: f64 = 4.8e12;
+const BF16_FLOPS: f64 = 989e12;
+
+fn llama_8b(layers: usize) -> ModelConfig {
+    ModelConfig {
+        family: ArchFamily::Llama,
+        vocab_size: 128_256,
+        hidden_size: 4096,
+        intermediate_size: 14_336,
+        num_layers: layers,
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 128,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500_000.0,
+        rope_scaling: Some(Llama3RopeScaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 }),
+        rope_style: RopeStyle::Neox,
+        context_length: 131_072,
+        tie_word_embeddings: false,
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    if device_count() == 0 {
+        println!("gpu-model-bench: skipped, no CUDA device on this machine");
+        return Ok(());
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let layers = args.iter().position(|a| a == "--layers").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(32);
+    let config = llama_8b(layers);
+    let started = Instant::now();
+    let mut model = CudaModel::random(config.clone(), 7, 0, KvSize::MemoryFraction(0.9), BLOCK_SIZE)?;
+    println!(
+        "device {}; Llama-3.1-8B shapes, {layers} layers, {:.2} GB bf16 weights, {} KV blocks; loaded in {:.0} s",
+        model.device_name(),
+        model.weight_bytes() as f64 / 1e9,
+        model.num_blocks(),
+        started.elapsed().as_secs_f64()
+    );
+    decode(&mut model)?;
+    for tokens in [512, 4096] {
+        prefill(&mut model, tokens)?;
+    }
+    Ok(())
+}
+
+/// Block tables for `seqs` sequences of `len` positions each, from block 0 on.
+fn tables(seqs: usize, len: usize) -> Vec<Vec<u32>> {
+    let per = len.div_ceil(BLOCK_SIZE);
+    (0..seqs).map(|s| ((s * per) as u32..((s + 1) * per) as u32).collect()).collect()
+}
+
+fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
+    const CONTEXT: usize = 512;
+    let weight_bytes = model.weight_bytes() as f64;
+    for batch in [1usize, 8, 32, 64, 128, 256] {
+        if batch * (CONTEXT + 16).div_ceil(BLOCK_SIZE) > model.num_blocks() {
+            println!("decode batch {batch}: skipped, the KV cache is too small");
+            continue;
+        }
+        let tables = tables(batch, CONTEXT + 16);
+        // The cached context: prefill every sequence (not timed).
+        for chunk in tables.chunks(8) {
+            let seqs = chunk.iter().map(|t| SeqInput { tokens: vec![1; CONTEXT], start_pos: 0, block_table: t.clone(), logits: LogitsRequest::None, sampling: None }).collect();
+            model.forward(&ForwardBatch { seqs })?;
+        }
+        let mut times = Vec::new();
+        for step in 0..12 {
+            let seqs = tables.iter().map(|t| SeqInput { tokens: vec![2], start_pos: CONTEXT + step, block_table: t.clone(), logits: LogitsRequest::Last, sampling: None }).collect();
+            let start = Instant::now();
+            model.forward(&ForwardBatch { seqs })?;
+            if step >= 2 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let (median, lo, hi) = (times[times.len() / 2], times[0], times[times.len() - 1]);
+        let tok_s = batch as f64 / median;
+        let roofline = if batch == 1 { format!(", {:.0}% of the {:.0} tok/s bandwidth roofline", 100.0 * tok_s / (HBM_BYTES_PER_S / weight_bytes), HBM_BYTES_PER_S / weight_bytes) } else { String::new() };
+        println!("decode batch {batch:>3}: {tok_s:>8.1} tok/s (step {:.2} ms, min {:.2}, max {:.2}){roofline}", median * 1e3, lo * 1e3, hi * 1e3);
+    }
+    Ok(())
+}
+
+fn prefill(model: &mut CudaModel, tokens: usize) -> anyhow::Result<()> {
+    let table = tables(1, tokens).remove(0);
+    let flops_per_token = 2.0 * model.weight_bytes() as f64 / 2.0;
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let seqs = vec![SeqInput { tokens: vec![3; tokens], start_pos: 0, block_table: table.clone(), logits: LogitsRequest::Last, sampling: None }];
+        let start = Instant::now();
+        model.forward(&ForwardBatch { seqs })?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let t = times[1];
+    let tok_s = tokens as f64 / t;
+    println!(
+        "prefill {tokens:>5} tokens: {tok_s:>9.0} tok/s ({:.1} ms; {:.1}% of {:.0} TFLOP/s for the linear layers)",
+        t * 1e3,
+        100.0 * tok_s * flops_per_token / BF16_FLOPS,
+        BF16_FLOPS / 1e12
+    );
+    Ok(())
+}
