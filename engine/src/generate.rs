@@ -1,11 +1,11 @@
-//! A single-sequence generation loop over a [`ModelRunner`]: chunked prefill,
+//! A single-sequence generation loop over an [`Executor`] (either backend): chunked prefill,
 //! then one decode step per token. The CLI and tests use it; the server uses
 //! the scheduler instead.
 
 use crate::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
 use crate::error::{EngineError, Result};
 use crate::kv::BlockAllocator;
-use crate::runner::ModelRunner;
+use crate::runner::Executor;
 use crate::sampling::{SampledToken, SamplingParams};
 use std::time::{Duration, Instant};
 
@@ -54,7 +54,7 @@ pub struct GenerateStats {
 
 /// Run `req`, calling `on_token` with each generated token (return `false` to stop).
 pub fn generate(
-    runner: &mut ModelRunner,
+    runner: &mut dyn Executor,
     alloc: &mut BlockAllocator,
     req: &GenerateRequest,
     on_token: &mut dyn FnMut(&SampledToken) -> bool,
@@ -66,20 +66,20 @@ pub fn generate(
 }
 
 fn generate_inner(
-    runner: &mut ModelRunner,
+    runner: &mut dyn Executor,
     alloc: &mut BlockAllocator,
     req: &GenerateRequest,
     table: &mut Vec<u32>,
     on_token: &mut dyn FnMut(&SampledToken) -> bool,
 ) -> Result<GenerateStats> {
-    let ctx = runner.model().config().context_length;
+    let ctx = runner.context_length();
     if req.prompt.is_empty() {
         return Err(EngineError::InvalidBatch("empty prompt".into()));
     }
     if req.prompt.len() >= ctx {
         return Err(EngineError::ContextLengthExceeded { len: req.prompt.len(), max: ctx });
     }
-    let bs = runner.kv().block_size();
+    let bs = runner.block_size();
     let prompt_tokens =
         if SeqSampling::needs_prompt_tokens(&req.sampling) { req.prompt.clone() } else { Vec::new() };
     let keep_outputs = SeqSampling::needs_output_tokens(&req.sampling);

@@ -117,8 +117,13 @@ fn make_template(source: Option<&str>, tok: &Tokenizer) -> Result<ChatTemplate> 
 impl LoadedModel {
     /// Render a single user message with the chat template and tokenize it.
     pub fn chat_prompt(&self, user_message: &str) -> Result<Vec<u32>> {
-        let messages = [serde_json::json!({"role": "user", "content": user_message})];
-        let text = self.template.render(&messages, None, true)?;
-        self.tokenizer.encode(&text, false)
+        chat_prompt(&self.template, &self.tokenizer, user_message)
     }
+}
+
+/// A single user message through `template`, tokenized.
+pub fn chat_prompt(template: &ChatTemplate, tokenizer: &Tokenizer, user_message: &str) -> Result<Vec<u32>> {
+    let messages = [serde_json::json!({"role": "user", "content": user_message})];
+    let text = template.render(&messages, None, true)?;
+    tokenizer.encode(&text, false)
 }

@@ -8,6 +8,31 @@ use crate::model::LlamaModel;
 use crate::sampling::{SampledToken, Sampler};
 use rayon::prelude::*;
 
+/// A backend that runs steps over its own KV cache (the CPU's
+/// [`ModelRunner`], or the GPU's `cuda::CudaRunner`).
+pub trait Executor {
+    /// Run one step and sample where asked.
+    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput>;
+    /// The model's context window.
+    fn context_length(&self) -> usize;
+    /// Tokens per KV block.
+    fn block_size(&self) -> usize;
+}
+
+impl Executor for ModelRunner {
+    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+        ModelRunner::execute(self, batch)
+    }
+
+    fn context_length(&self) -> usize {
+        self.model.config().context_length
+    }
+
+    fn block_size(&self) -> usize {
+        self.kv.block_size()
+    }
+}
+
 /// Runs forward steps of one model over its own KV pool.
 #[derive(Debug)]
 pub struct ModelRunner {

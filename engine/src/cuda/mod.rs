@@ -201,6 +201,20 @@ fn blocks_for_fraction(gpu: &Gpu, fraction: f64, block_bytes: usize) -> Result<u
     Ok(blocks)
 }
 
+impl crate::runner::Executor for CudaRunner {
+    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+        CudaRunner::execute(self, batch)
+    }
+
+    fn context_length(&self) -> usize {
+        self.model.config.context_length
+    }
+
+    fn block_size(&self) -> usize {
+        self.model.block_size
+    }
+}
+
 /// Runs forward steps on the GPU and samples on the host, like the CPU
 /// [`crate::runner::ModelRunner`].
 #[derive(Debug)]

@@ -8,7 +8,8 @@ use spindle_engine::kv::BlockAllocator;
 use spindle_engine::load::{load_model, LoadedModel};
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::models::DEFAULT_MODEL;
-use spindle_engine::runner::ModelRunner;
+use spindle_engine::runner::{Executor, ModelRunner};
+use crate::cli::device::{self, Device};
 use spindle_engine::sampling::SamplingParams;
 use spindle_engine::tokenizer::IncrementalDecoder;
 use std::io::Write;
@@ -57,17 +58,23 @@ pub struct GenerateArgs {
     /// Worker threads (default: all cores).
     #[arg(long, env = "SPINDLE_THREADS")]
     threads: Option<usize>,
+    /// Where the model runs: auto (a GPU when there is one), cpu, cuda or cuda:N.
+    #[arg(long, env = "SPINDLE_DEVICE", default_value = "auto")]
+    device: Device,
+}
+
+/// A backend ready to generate, with what turns text into tokens and back.
+struct Ready {
+    runner: Box<dyn Executor>,
+    blocks: usize,
+    tokenizer: spindle_engine::tokenizer::Tokenizer,
+    prompt: Vec<u32>,
+    stop_tokens: Vec<u32>,
 }
 
 /// Load the model, generate, stream.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     super::init_threads(args.threads)?;
-    let loaded = load_with_bar(&args.model)?;
-    let prompt = if args.raw {
-        loaded.tokenizer.encode(&args.prompt, true)?
-    } else {
-        loaded.chat_prompt(&args.prompt)?
-    };
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -76,19 +83,23 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         ..SamplingParams::default()
     };
     sampling.validate()?;
-    let LoadedModel { mut model, tokenizer, stop_tokens, .. } = loaded;
-    if let Precision::Exact = args.precision {
-        model.set_precision(MatmulPrecision::Exact);
-    }
-    let needed = (prompt.len() + args.max_tokens).min(model.config().context_length);
-    let blocks = needed.div_ceil(BLOCK_SIZE) + 1;
-    let mut runner = ModelRunner::new(model, blocks, BLOCK_SIZE);
+    let Ready { mut runner, blocks, tokenizer, prompt, stop_tokens } = match device::resolve(args.device)? {
+        Device::Cuda(ordinal) => match ready_on_gpu(&args, ordinal) {
+            Ok(ready) => ready,
+            Err(e) if args.device == Device::Auto => {
+                tracing::warn!("device auto: the GPU cannot run this model ({e}); using the CPU");
+                ready_on_cpu(&args)?
+            }
+            Err(e) => return Err(e),
+        },
+        _ => ready_on_cpu(&args)?,
+    };
     let mut alloc = BlockAllocator::new(blocks);
     let req = GenerateRequest { prompt, max_tokens: args.max_tokens, sampling, stop_tokens, prefill_chunk: 512 };
     let mut decoder = IncrementalDecoder::new(tokenizer, true);
     let mut stdout = std::io::stdout().lock();
     let mut failure = None;
-    let stats = generate(&mut runner, &mut alloc, &req, &mut |t| match decoder.push(t.token) {
+    let stats = generate(runner.as_mut(), &mut alloc, &req, &mut |t| match decoder.push(t.token) {
         Ok(text) => stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_ok(),
         Err(e) => {
             failure = Some(e);
@@ -109,6 +120,47 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stats.finish
     );
     Ok(())
+}
+
+/// The prompt's ids: the chat template around a user message, or `--raw`.
+fn prompt_ids(args: &GenerateArgs, template: &spindle_engine::chat_template::ChatTemplate, tokenizer: &spindle_engine::tokenizer::Tokenizer) -> anyhow::Result<Vec<u32>> {
+    if args.raw {
+        return Ok(tokenizer.encode(&args.prompt, true)?);
+    }
+    Ok(spindle_engine::load::chat_prompt(template, tokenizer, &args.prompt)?)
+}
+
+/// KV blocks for the prompt and the new tokens (within the context).
+fn blocks_for(prompt: usize, max_tokens: usize, context: usize) -> usize {
+    (prompt + max_tokens).min(context).div_ceil(BLOCK_SIZE) + 1
+}
+
+fn ready_on_cpu(args: &GenerateArgs) -> anyhow::Result<Ready> {
+    let loaded = load_with_bar(&args.model)?;
+    let prompt = prompt_ids(args, &loaded.template, &loaded.tokenizer)?;
+    let LoadedModel { mut model, tokenizer, stop_tokens, .. } = loaded;
+    if let Precision::Exact = args.precision {
+        model.set_precision(MatmulPrecision::Exact);
+    }
+    let blocks = blocks_for(prompt.len(), args.max_tokens, model.config().context_length);
+    Ok(Ready { runner: Box::new(ModelRunner::new(model, blocks, BLOCK_SIZE)), blocks, tokenizer, prompt, stop_tokens })
+}
+
+#[cfg(feature = "cuda")]
+fn ready_on_gpu(args: &GenerateArgs, ordinal: usize) -> anyhow::Result<Ready> {
+    use spindle_engine::cuda::{CudaModel, CudaRunner, KvSize};
+    let meta = spindle_engine::load::load_meta(&args.model)?;
+    let prompt = prompt_ids(args, &meta.template, &meta.tokenizer)?;
+    let blocks = blocks_for(prompt.len(), args.max_tokens, meta.config.context_length);
+    let model = CudaModel::open(&args.model, ordinal, KvSize::Blocks(blocks), BLOCK_SIZE)?;
+    eprintln!("{} on cuda:{ordinal} ({})", meta.location.name, model.device_name());
+    let stop_tokens = meta.tokenizer.eos_ids().to_vec();
+    Ok(Ready { runner: Box::new(CudaRunner::new(model)), blocks, tokenizer: meta.tokenizer, prompt, stop_tokens })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn ready_on_gpu(_args: &GenerateArgs, _ordinal: usize) -> anyhow::Result<Ready> {
+    anyhow::bail!("this spindle was built without the CUDA backend")
 }
 
 /// Load a model with a progress bar on stderr.
