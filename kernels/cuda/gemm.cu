@@ -57,3 +57,46 @@ extern "C" __global__ void gemm_bf16(bf16* y, const bf16* x, const bf16* w, int 
 extern "C" __global__ void gemm_bf16_f32out(float* y, const bf16* x, const bf16* w, int m, int n, int k) {
     gemm_tile<float>(y, x, w, m, n, k);
 }
+
+// Skinny GEMM for decode, y[m, n] = x[m, k] · w[n, k]ᵀ with m ≤ GEMV_MAX_M
+// and k a multiple of 8: one warp per output column n streams w's row in
+// 16-byte loads (8 bf16) and keeps m partial sums, so the weights are read
+// once at full bandwidth. 256 threads (8 warps) per block.
+#define GEMV_MAX_M 8
+
+template <typename Out>
+__device__ void gemv_rows(Out* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int n, int k) {
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)warp * k);
+    float acc[GEMV_MAX_M];
+    for (int r = 0; r < GEMV_MAX_M; ++r) acc[r] = 0.0f;
+    const int chunks = k / 8;
+    for (int c = lane; c < chunks; c += 32) {
+        const uint4 packed = wr[c];
+        const bf16* wv = reinterpret_cast<const bf16*>(&packed);
+        float wf[8];
+        for (int j = 0; j < 8; ++j) wf[j] = to_f32(wv[j]);
+        for (int r = 0; r < m; ++r) {
+            const uint4 xp = reinterpret_cast<const uint4*>(x + (size_t)r * k)[c];
+            const bf16* xv = reinterpret_cast<const bf16*>(&xp);
+            float s = 0.0f;
+            for (int j = 0; j < 8; ++j) s += wf[j] * to_f32(xv[j]);
+            acc[r] += s;
+        }
+    }
+    for (int r = 0; r < m; ++r) {
+        const float total = warp_sum(acc[r]);
+        if (lane == 0) store<Out>(y, (size_t)r * n + warp, total);
+    }
+}
+
+// Grid ceil(n / 8), 256 threads.
+extern "C" __global__ void gemv_bf16(bf16* y, const bf16* x, const bf16* w, int m, int n, int k) {
+    gemv_rows<bf16>(y, x, w, m, n, k);
+}
+
+extern "C" __global__ void gemv_bf16_f32out(float* y, const bf16* x, const bf16* w, int m, int n, int k) {
+    gemv_rows<float>(y, x, w, m, n, k);
+}

@@ -7,22 +7,31 @@ use half::bf16;
 
 const TILE: usize = 64;
 
+/// Rows up to which the skinny (decode) kernel is used.
+const GEMV_MAX_M: usize = 8;
+
 /// Output element types of [`Gpu::gemm`].
 pub trait GemmOut: DeviceRepr {
-    /// The kernel writing this type.
+    /// The tiled kernel writing this type.
     const KERNEL: &'static str;
+    /// The skinny kernel writing this type.
+    const GEMV: &'static str;
 }
 
 impl GemmOut for bf16 {
     const KERNEL: &'static str = "gemm_bf16";
+    const GEMV: &'static str = "gemv_bf16";
 }
 
 impl GemmOut for f32 {
     const KERNEL: &'static str = "gemm_bf16_f32out";
+    const GEMV: &'static str = "gemv_bf16_f32out";
 }
 
 impl Gpu {
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with f32 accumulation.
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with f32 accumulation. Up to 8 rows
+    /// with `k` a multiple of 8 (decode steps) take the skinny kernel that
+    /// streams the weights in 16-byte loads; the rest the tiled one.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm<T: GemmOut>(&self, y: &mut CudaSlice<T>, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, m: usize, n: usize, k: usize) -> Result<(), CudaError> {
         let f = self.function(T::KERNEL)?;
@@ -33,6 +42,16 @@ impl Gpu {
         need(x, m * k, "x")?;
         need(w, n * k, "w")?;
         let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
+        if m <= GEMV_MAX_M && k > 0 && k % 8 == 0 {
+            let f = self.function(T::GEMV)?;
+            let cfg = LaunchConfig { grid_dim: (int(n.div_ceil(8))? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut launch = self.stream.launch_builder(f);
+            launch.arg(y).arg(x).arg(w).arg(&m32).arg(&n32).arg(&k32);
+            // SAFETY: as below; whole allocations are 256-byte aligned and rows
+            // of k (a multiple of 8) bf16 keep the 16-byte loads aligned.
+            unsafe { launch.launch(cfg) }?;
+            return Ok(());
+        }
         let grid = (n.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1);
         if grid.1 > 65_535 {
             return Err(CudaError::TooLarge(m));
