@@ -6,6 +6,7 @@ pub mod constrain;
 pub mod drive;
 pub mod lmsp;
 pub mod error;
+pub mod gpu_stats;
 pub mod ledger;
 pub mod metrics;
 pub mod ops;

@@ -34,6 +34,9 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 
 /// GET /metrics: Prometheus text format.
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let body = state.metrics.render(&state.scheduler.metrics().snapshot());
+    let mut body = state.metrics.render(&state.scheduler.metrics().snapshot());
+    if let Some(reading) = super::gpu_stats::read() {
+        super::gpu_stats::render(&mut body, &reading);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }
