@@ -100,3 +100,61 @@ extern "C" __global__ void gemv_bf16(bf16* y, const bf16* x, const bf16* w, int 
 extern "C" __global__ void gemv_bf16_f32out(float* y, const bf16* x, const bf16* w, int m, int n, int k) {
     gemv_rows<float>(y, x, w, m, n, k);
 }
+
+// Tensor-core GEMM (WMMA, bf16 in, f32 accumulate), y = x · wᵀ for any m, n,
+// k: 128 threads (4 warps) per 64×64 output tile, each warp a 32×32 corner
+// (2×2 fragments of 16×16); k in steps of 32 through shared memory, tiles
+// zero-padded at the edges.
+#include <mma.h>
+#define TC_TILE 64
+#define TC_K 32
+
+template <typename Out>
+__device__ void gemm_tc_tile(Out* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int n, int k) {
+    using namespace nvcuda;
+    __shared__ __align__(32) bf16 xs[TC_TILE][TC_K + 8];
+    __shared__ __align__(32) bf16 ws[TC_TILE][TC_K + 8];
+    __shared__ __align__(32) float cs[TC_TILE][TC_TILE + 4];
+    const int row0 = blockIdx.y * TC_TILE, col0 = blockIdx.x * TC_TILE;
+    const int warp = threadIdx.x >> 5;
+    const int wr = (warp >> 1) * 32, wc = (warp & 1) * 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    const bf16 zero = to_bf16(0.0f);
+    for (int k0 = 0; k0 < k; k0 += TC_K) {
+        for (int i = threadIdx.x; i < TC_TILE * TC_K; i += blockDim.x) {
+            const int r = i / TC_K, kk = i % TC_K, gk = k0 + kk;
+            xs[r][kk] = (row0 + r < m && gk < k) ? x[(size_t)(row0 + r) * k + gk] : zero;
+            ws[r][kk] = (col0 + r < n && gk < k) ? w[(size_t)(col0 + r) * k + gk] : zero;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < TC_K; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b[2];
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &xs[wr + 16 * i][kk], TC_K + 8);
+            // w's rows are y's columns: column-major B with leading dimension TC_K + 8.
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &ws[wc + 16 * j][kk], TC_K + 8);
+            for (int i = 0; i < 2; ++i)
+                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(&cs[wr + 16 * i][wc + 16 * j], acc[i][j], TC_TILE + 4, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = threadIdx.x; i < TC_TILE * TC_TILE; i += blockDim.x) {
+        const int r = i / TC_TILE, c = i % TC_TILE;
+        if (row0 + r < m && col0 + c < n) store<Out>(y, (size_t)(row0 + r) * n + col0 + c, cs[r][c]);
+    }
+}
+
+// Grid (ceil(n / 64), ceil(m / 64)), 128 threads.
+extern "C" __global__ void gemm_tc_bf16(bf16* y, const bf16* x, const bf16* w, int m, int n, int k) {
+    gemm_tc_tile<bf16>(y, x, w, m, n, k);
+}
+
+extern "C" __global__ void gemm_tc_bf16_f32out(float* y, const bf16* x, const bf16* w, int m, int n, int k) {
+    gemm_tc_tile<float>(y, x, w, m, n, k);
+}

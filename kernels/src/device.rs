@@ -12,7 +12,7 @@ use std::sync::Arc;
 mod attention;
 mod dense;
 pub use attention::{DecodeShape, DECODE_PARTITION, MAX_HEAD_DIM};
-pub use dense::GemmOut;
+pub use dense::{GemmKernel, GemmOut};
 
 /// Why the GPU cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -258,25 +258,28 @@ fn paged_decode_rejects_shapes_it_does_not_take() {
 }
 
 #[test]
-fn gemm_matches_the_cpu_for_odd_shapes_and_both_outputs() {
+fn every_gemm_kernel_matches_the_cpu_for_odd_shapes_and_both_outputs() {
+    use spindle_kernels::device::GemmKernel;
     let Some(g) = gpu() else { return };
-    // m ≤ 8 with k % 8 == 0 takes the skinny kernel; the rest the tiled one.
-    for (m, n, k) in [(1, 1, 1), (3, 65, 17), (64, 64, 64), (7, 576, 1536), (130, 49, 200), (1, 4099, 4096), (8, 100, 64), (9, 33, 8)] {
+    // Auto: m ≤ 8 with k % 8 == 0 takes the skinny kernel, the rest tensor cores.
+    for (m, n, k) in [(1, 1, 1), (3, 65, 17), (64, 64, 64), (7, 576, 1536), (130, 49, 200), (1, 4099, 4096), (8, 100, 64), (9, 33, 8), (200, 300, 96)] {
         let (x, w) = (random(m * k, 14, 1.0), random(n * k, 15, 1.0));
         let (dx, dw) = (g.stream.clone_htod(&x).unwrap(), g.stream.clone_htod(&w).unwrap());
         let (xf, wf) = (f32s(&x), f32s(&w));
         let reference: Vec<f32> = (0..m * n)
             .map(|i| (0..k).map(|j| f64::from(xf[(i / n) * k + j]) * f64::from(wf[(i % n) * k + j])).sum::<f64>() as f32)
             .collect();
-        let mut y16 = poisoned(&g, m * n);
-        g.gemm(&mut y16, &dx, &dw, m, n, k).unwrap();
-        let err = rel_err(&g.stream.clone_dtoh(&y16).unwrap(), &reference);
-        assert!(err < TOLERANCE, "{m}x{n}x{k} bf16 out: rel err {err}");
-        let mut y32 = g.stream.clone_htod(&vec![f32::NAN; m * n]).unwrap();
-        g.gemm(&mut y32, &dx, &dw, m, n, k).unwrap();
-        let got: Vec<bf16> = g.stream.clone_dtoh(&y32).unwrap().into_iter().map(bf16::from_f32).collect();
-        let err = rel_err(&got, &reference);
-        assert!(err < TOLERANCE, "{m}x{n}x{k} f32 out: rel err {err}");
+        for kernel in [GemmKernel::Auto, GemmKernel::Simt, GemmKernel::TensorCore] {
+            let mut y16 = poisoned(&g, m * n);
+            g.gemm_with(kernel, &mut y16, &dx, &dw, m, n, k).unwrap();
+            let err = rel_err(&g.stream.clone_dtoh(&y16).unwrap(), &reference);
+            assert!(err < TOLERANCE, "{kernel:?} {m}x{n}x{k} bf16 out: rel err {err}");
+            let mut y32 = g.stream.clone_htod(&vec![f32::NAN; m * n]).unwrap();
+            g.gemm_with(kernel, &mut y32, &dx, &dw, m, n, k).unwrap();
+            let got: Vec<bf16> = g.stream.clone_dtoh(&y32).unwrap().into_iter().map(bf16::from_f32).collect();
+            let err = rel_err(&got, &reference);
+            assert!(err < TOLERANCE, "{kernel:?} {m}x{n}x{k} f32 out: rel err {err}");
+        }
     }
 }
 

@@ -12,20 +12,35 @@ const GEMV_MAX_M: usize = 8;
 
 /// Output element types of [`Gpu::gemm`].
 pub trait GemmOut: DeviceRepr {
-    /// The tiled kernel writing this type.
+    /// The tiled CUDA-core kernel writing this type.
     const KERNEL: &'static str;
+    /// The tiled tensor-core kernel writing this type.
+    const TENSOR_CORE: &'static str;
     /// The skinny kernel writing this type.
     const GEMV: &'static str;
 }
 
 impl GemmOut for bf16 {
     const KERNEL: &'static str = "gemm_bf16";
+    const TENSOR_CORE: &'static str = "gemm_tc_bf16";
     const GEMV: &'static str = "gemv_bf16";
 }
 
 impl GemmOut for f32 {
     const KERNEL: &'static str = "gemm_bf16_f32out";
+    const TENSOR_CORE: &'static str = "gemm_tc_bf16_f32out";
     const GEMV: &'static str = "gemv_bf16_f32out";
+}
+
+/// Which GEMM kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// By shape: the skinny kernel for up to 8 rows (k a multiple of 8), else tensor cores.
+    Auto,
+    /// The tiled CUDA-core kernel (the reference the others are tested against).
+    Simt,
+    /// The tiled tensor-core (WMMA) kernel.
+    TensorCore,
 }
 
 impl Gpu {
@@ -34,7 +49,12 @@ impl Gpu {
     /// streams the weights in 16-byte loads; the rest the tiled one.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm<T: GemmOut>(&self, y: &mut CudaSlice<T>, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, m: usize, n: usize, k: usize) -> Result<(), CudaError> {
-        let f = self.function(T::KERNEL)?;
+        self.gemm_with(GemmKernel::Auto, y, x, w, m, n, k)
+    }
+
+    /// [`Self::gemm`] with the kernel chosen (to test each against the others).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_with<T: GemmOut>(&self, kernel: GemmKernel, y: &mut CudaSlice<T>, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, m: usize, n: usize, k: usize) -> Result<(), CudaError> {
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -42,7 +62,7 @@ impl Gpu {
         need(x, m * k, "x")?;
         need(w, n * k, "w")?;
         let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
-        if m <= GEMV_MAX_M && k > 0 && k % 8 == 0 {
+        if kernel == GemmKernel::Auto && m <= GEMV_MAX_M && k > 0 && k % 8 == 0 {
             let f = self.function(T::GEMV)?;
             let cfg = LaunchConfig { grid_dim: (int(n.div_ceil(8))? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let mut launch = self.stream.launch_builder(f);
@@ -56,7 +76,11 @@ impl Gpu {
         if grid.1 > 65_535 {
             return Err(CudaError::TooLarge(m));
         }
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (f, threads) = match kernel {
+            GemmKernel::Simt => (self.function(T::KERNEL)?, 256),
+            GemmKernel::Auto | GemmKernel::TensorCore => (self.function(T::TENSOR_CORE)?, 128),
+        };
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);
         launch.arg(y).arg(x).arg(w).arg(&m32).arg(&n32).arg(&k32);
         // SAFETY: y holds m * n values, x m * k, w n * k (the caller's contract).
