@@ -66,29 +66,39 @@ extern "C" __global__ void gemm_bf16_f32out(float* y, const bf16* x, const bf16*
 
 template <typename Out>
 __device__ void gemv_rows(Out* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int n, int k) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned warp = (blockIdx.x * (unsigned)blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
-    if (warp >= n) return;
+    if (warp >= (unsigned)n) return;
     const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)warp * k);
+    // Fixed-size loops over GEMV_MAX_M (guarded by m) keep acc in registers.
     float acc[GEMV_MAX_M];
+#pragma unroll
     for (int r = 0; r < GEMV_MAX_M; ++r) acc[r] = 0.0f;
     const int chunks = k / 8;
     for (int c = lane; c < chunks; c += 32) {
         const uint4 packed = wr[c];
         const bf16* wv = reinterpret_cast<const bf16*>(&packed);
         float wf[8];
+#pragma unroll
         for (int j = 0; j < 8; ++j) wf[j] = to_f32(wv[j]);
-        for (int r = 0; r < m; ++r) {
-            const uint4 xp = reinterpret_cast<const uint4*>(x + (size_t)r * k)[c];
-            const bf16* xv = reinterpret_cast<const bf16*>(&xp);
-            float s = 0.0f;
-            for (int j = 0; j < 8; ++j) s += wf[j] * to_f32(xv[j]);
-            acc[r] += s;
+#pragma unroll
+        for (int r = 0; r < GEMV_MAX_M; ++r) {
+            if (r < m) {
+                const uint4 xp = reinterpret_cast<const uint4*>(x + (size_t)r * k)[c];
+                const bf16* xv = reinterpret_cast<const bf16*>(&xp);
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) s += wf[j] * to_f32(xv[j]);
+                acc[r] += s;
+            }
         }
     }
-    for (int r = 0; r < m; ++r) {
-        const float total = warp_sum(acc[r]);
-        if (lane == 0) store<Out>(y, (size_t)r * n + warp, total);
+#pragma unroll
+    for (int r = 0; r < GEMV_MAX_M; ++r) {
+        if (r < m) {
+            const float total = warp_sum(acc[r]);
+            if (lane == 0) store<Out>(y, (size_t)r * n + warp, total);
+        }
     }
 }
 

@@ -118,6 +118,15 @@ impl Gpu {
         Ok(self.ctx.name()?)
     }
 
+    /// The device's UUID as NVML writes it (`GPU-xxxxxxxx-xxxx-…`), which
+    /// names it whatever `CUDA_VISIBLE_DEVICES` renumbered.
+    pub fn uuid(&self) -> Result<String, CudaError> {
+        let raw = self.ctx.uuid()?;
+        let b: Vec<u8> = raw.bytes.iter().map(|&c| c as u8).collect();
+        let hex = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+        Ok(format!("GPU-{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16)))
+    }
+
     fn function(&self, name: &'static str) -> Result<&CudaFunction, CudaError> {
         self.functions.get(name).ok_or(CudaError::MissingKernel(name))
     }

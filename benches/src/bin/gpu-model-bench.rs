@@ -3,12 +3,17 @@
 //! `gpu-model-bench [--layers N]` (feature `cuda`; `tools/gpu-check.sh run`
 //! runs the prebuilt binary). Prints one line per measurement:
 //!
-//! - decode: one step for B sequences of 512 cached tokens each, for B in
-//!   1, 8, 32, 64, 128, 256 (tokens/s = B / step time, median of 10 steps);
-//!   batch 1 also as a fraction of the memory-bandwidth roofline
-//!   (weight bytes per token at 4.8 TB/s, the H200's HBM3e);
+//! - decode: one step for B sequences at position 512 each (their cache
+//!   blocks hold zeros: with random weights the cost does not depend on the
+//!   cache's contents), for B in 1, 8, 32, 64, 128, 256; tokens/s = B / step
+//!   time, median of 10 steps. Only the first sequence's logits are copied
+//!   to the host (host sampling of the others is not measured). Batch 1 also
+//!   as a fraction of the memory-bandwidth roofline: the weights a step
+//!   streams (every layer and the head, not the embedding lookup) at
+//!   4.8 TB/s, the H200's HBM3e;
 //! - prefill: one sequence of 512 and of 4096 tokens in one step
-//!   (tokens/s, and the fraction of 989 dense bf16 TFLOP/s it reaches).
+//!   (tokens/s, and the fraction of 989 dense bf16 TFLOP/s that the linear
+//!   layers' 2 × parameters FLOPs per token, plus one head row, reach).
 //!
 //! Without a GPU it says so and exits 0.
 
@@ -72,21 +77,23 @@ fn tables(seqs: usize, len: usize) -> Vec<Vec<u32>> {
 
 fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
     const CONTEXT: usize = 512;
-    let weight_bytes = model.weight_bytes() as f64;
+    let weight_bytes = model.streamed_weight_bytes() as f64;
     for batch in [1usize, 8, 32, 64, 128, 256] {
         if batch * (CONTEXT + 16).div_ceil(BLOCK_SIZE) > model.num_blocks() {
             println!("decode batch {batch}: skipped, the KV cache is too small");
             continue;
         }
         let tables = tables(batch, CONTEXT + 16);
-        // The cached context: prefill every sequence (not timed).
-        for chunk in tables.chunks(8) {
-            let seqs = chunk.iter().map(|t| SeqInput { tokens: vec![1; CONTEXT], start_pos: 0, block_table: t.clone(), logits: LogitsRequest::None, sampling: None }).collect();
-            model.forward(&ForwardBatch { seqs })?;
-        }
         let mut times = Vec::new();
         for step in 0..12 {
-            let seqs = tables.iter().map(|t| SeqInput { tokens: vec![2], start_pos: CONTEXT + step, block_table: t.clone(), logits: LogitsRequest::Last, sampling: None }).collect();
+            let seqs = tables
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let logits = if i == 0 { LogitsRequest::Last } else { LogitsRequest::None };
+                    SeqInput { tokens: vec![2], start_pos: CONTEXT + step, block_table: t.clone(), logits, sampling: None }
+                })
+                .collect();
             let start = Instant::now();
             model.forward(&ForwardBatch { seqs })?;
             if step >= 2 {
@@ -104,7 +111,8 @@ fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
 
 fn prefill(model: &mut CudaModel, tokens: usize) -> anyhow::Result<()> {
     let table = tables(1, tokens).remove(0);
-    let flops_per_token = 2.0 * model.weight_bytes() as f64 / 2.0;
+    let vocab_row = (model.config().vocab_size * model.config().hidden_size) as f64;
+    let flops_per_token = 2.0 * model.layer_params() as f64 + 2.0 * vocab_row / tokens as f64;
     let mut times = Vec::new();
     for _ in 0..3 {
         let seqs = vec![SeqInput { tokens: vec![3; tokens], start_pos: 0, block_table: table.clone(), logits: LogitsRequest::Last, sampling: None }];

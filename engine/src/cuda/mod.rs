@@ -170,6 +170,24 @@ impl CudaModel {
         l + (self.embed.len() + self.final_norm.len()) * 2 + head
     }
 
+    /// The GPU's UUID (`GPU-…`, as NVML names it).
+    pub fn device_uuid(&self) -> Option<String> {
+        self.gpu.uuid().ok()
+    }
+
+    /// Bytes of weights a decode step streams: every layer and the output
+    /// head, not the embedding table (a lookup) unless it is the head.
+    pub fn streamed_weight_bytes(&self) -> usize {
+        let layers: usize = self.layers.iter().map(GpuLayer::bytes).sum();
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed).len() * 2;
+        layers + head + self.final_norm.len() * 2
+    }
+
+    /// Parameters in the layers (what every token multiplies through).
+    pub fn layer_params(&self) -> usize {
+        self.layers.iter().map(GpuLayer::bytes).sum::<usize>() / 2
+    }
+
     /// The GPU's name.
     pub fn device_name(&self) -> String {
         self.gpu.name().unwrap_or_else(|_| "unknown GPU".into())

@@ -35,7 +35,8 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 /// GET /metrics: Prometheus text format.
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut body = state.metrics.render(&state.scheduler.metrics().snapshot());
-    if let Some(reading) = super::gpu_stats::read() {
+    // NVML calls block (a wedged GPU may hang them): off the async threads.
+    if let Ok(Some(reading)) = tokio::task::spawn_blocking(super::gpu_stats::read).await {
         super::gpu_stats::render(&mut body, &reading);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)

@@ -113,7 +113,9 @@ pub fn start_cuda(
         gpu.num_blocks(),
         gpu.num_blocks() * block_size
     );
-    spindle_server::app::gpu_stats::install(u32::try_from(ordinal).unwrap_or(0));
+    if let Some(uuid) = gpu.device_uuid() {
+        spindle_server::app::gpu_stats::install(&uuid);
+    }
     let config = sched(gpu.num_blocks(), &meta.config, &meta.location.path);
     let scheduler = SchedulerHandle::spawn(config, CudaRunner::new(gpu), meta.tokenizer.clone());
     Ok(Started { scheduler, name: meta.location.name, tokenizer: meta.tokenizer, template: meta.template, config: meta.config })

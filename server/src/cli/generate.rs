@@ -83,15 +83,27 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         ..SamplingParams::default()
     };
     sampling.validate()?;
-    let Ready { mut runner, blocks, tokenizer, prompt, stop_tokens } = match device::resolve(args.device)? {
-        Device::Cuda(ordinal) => match ready_on_gpu(&args, ordinal) {
-            Ok(ready) => ready,
-            Err(e) if args.device == Device::Auto => {
-                tracing::warn!("device auto: the GPU cannot run this model ({e}); using the CPU");
-                ready_on_cpu(&args)?
+    let device = match (device::resolve(args.device)?, args.precision) {
+        (Device::Cuda(_), Precision::Exact) if args.device == Device::Auto => {
+            tracing::info!("--precision exact is a CPU mode; using the CPU");
+            Device::Cpu
+        }
+        (Device::Cuda(_), Precision::Exact) => anyhow::bail!("--precision exact is a CPU mode (the GPU runs bf16)"),
+        (d, _) => d,
+    };
+    let Ready { mut runner, blocks, tokenizer, prompt, stop_tokens } = match device {
+        Device::Cuda(ordinal) => {
+            // Errors of the model itself are not the GPU's: no fallback for them.
+            let meta = spindle_engine::load::load_meta(&args.model)?;
+            match ready_on_gpu(&args, ordinal, meta) {
+                Ok(ready) => ready,
+                Err(e) if args.device == Device::Auto => {
+                    tracing::warn!("device auto: the GPU cannot run this model ({e}); using the CPU");
+                    ready_on_cpu(&args)?
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
-        },
+        }
         _ => ready_on_cpu(&args)?,
     };
     let mut alloc = BlockAllocator::new(blocks);
@@ -147,9 +159,8 @@ fn ready_on_cpu(args: &GenerateArgs) -> anyhow::Result<Ready> {
 }
 
 #[cfg(feature = "cuda")]
-fn ready_on_gpu(args: &GenerateArgs, ordinal: usize) -> anyhow::Result<Ready> {
+fn ready_on_gpu(args: &GenerateArgs, ordinal: usize, meta: spindle_engine::load::ModelMeta) -> anyhow::Result<Ready> {
     use spindle_engine::cuda::{CudaModel, CudaRunner, KvSize};
-    let meta = spindle_engine::load::load_meta(&args.model)?;
     let prompt = prompt_ids(args, &meta.template, &meta.tokenizer)?;
     let blocks = blocks_for(prompt.len(), args.max_tokens, meta.config.context_length);
     let model = CudaModel::open(&args.model, ordinal, KvSize::Blocks(blocks), BLOCK_SIZE)?;
@@ -159,7 +170,7 @@ fn ready_on_gpu(args: &GenerateArgs, ordinal: usize) -> anyhow::Result<Ready> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn ready_on_gpu(_args: &GenerateArgs, _ordinal: usize) -> anyhow::Result<Ready> {
+fn ready_on_gpu(_args: &GenerateArgs, _ordinal: usize, _meta: spindle_engine::load::ModelMeta) -> anyhow::Result<Ready> {
     anyhow::bail!("this spindle was built without the CUDA backend")
 }
 
