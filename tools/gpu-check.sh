@@ -29,6 +29,8 @@ prepare() {
     cp "$test_bin" "$BIN/cuda_forward"
     cargo build --release -p spindle-kernels --features cuda --example paged_decode_bench
     cp target/release/examples/paged_decode_bench "$BIN/"
+    cargo build --release -p spindle-kernels --features cuda --example gemm_bench
+    cp target/release/examples/gemm_bench "$BIN/"
     cargo build --release -p spindle-benches --features cuda --bin gpu-model-bench
     cp target/release/gpu-model-bench "$BIN/"
     strip "$BIN"/* 2>/dev/null || true  # (64 MiB travel to the device)
@@ -41,8 +43,19 @@ find_sanitizer() {
     done
 }
 
+# cuBLAS is loaded at run time; on the device machine it ships in PyTorch's
+# nvidia wheels, off the default library path.
+find_cublas() {
+    local lib
+    lib=$(find /opt /usr/local /usr/lib -name 'libcublas.so.13*' 2>/dev/null | head -1 || true)
+    [ -n "$lib" ] && dirname "$lib"
+}
+
 run() {
     local out=${OUT:-gpu-check}
+    local cublas_dir
+    cublas_dir=$(find_cublas || true)
+    if [ -n "$cublas_dir" ]; then export LD_LIBRARY_PATH="$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
     mkdir -p "$out"
     local report="$out/gpu-check.md" status=0
     {
@@ -78,6 +91,11 @@ run() {
         echo "## Paged decode attention bandwidth (8B geometry: 32 q heads, 8 kv heads, head_dim 128)"
         echo '```'
         "$BIN/paged_decode_bench" 2>&1 || true
+        echo '```'
+        echo "## Linear-layer GEMMs: cuBLAS vs Spindle's kernels (8B layer shapes)"
+        echo "cuBLAS from: ${cublas_dir:-not found}"
+        echo '```'
+        timeout 120 "$BIN/gemm_bench" 2>&1 || echo "(gemm_bench did not finish: exit $?)"
         echo '```'
         echo "## Whole model, Llama-3.1-8B shapes, random bf16 weights"
         echo '```'

@@ -10,9 +10,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 mod attention;
+mod blas;
 mod dense;
+mod prefill;
 pub use attention::{DecodeShape, DECODE_PARTITION, MAX_HEAD_DIM};
+pub use blas::cublas_present;
 pub use dense::{GemmKernel, GemmOut};
+pub use prefill::{PrefillShape, PREFILL_MAX_HEAD_DIM, PREFILL_TILE};
 
 /// Why the GPU cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +47,9 @@ pub enum CudaError {
     /// The GPU is too old for the kernels.
     #[error("unsupported GPU: {0}")]
     Unsupported(String),
+    /// cuBLAS is not loaded, or a cuBLAS call failed.
+    #[error("cuBLAS: {0}")]
+    Blas(String),
     /// A geometry the kernel does not take.
     #[error("unsupported shape: {0}")]
     Shape(String),
@@ -62,6 +69,7 @@ pub struct Gpu {
     /// The stream kernels are launched on.
     pub stream: Arc<CudaStream>,
     functions: HashMap<&'static str, CudaFunction>,
+    blas: blas::Blas,
 }
 
 /// `buf` must hold at least `n` values.
@@ -110,7 +118,8 @@ impl Gpu {
                 functions.insert(f, module.load_function(f)?);
             }
         }
-        Ok(Self { ctx, stream, functions })
+        let blas = blas::Blas::open(&stream);
+        Ok(Self { ctx, stream, functions, blas })
     }
 
     /// The device's name.
@@ -125,6 +134,20 @@ impl Gpu {
         let b: Vec<u8> = raw.bytes.iter().map(|&c| c as u8).collect();
         let hex = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
         Ok(format!("GPU-{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16)))
+    }
+
+    /// What runs the linear layers: `cuBLAS`, or Spindle's kernels and why
+    /// cuBLAS is not used.
+    pub fn gemm_backend(&self) -> String {
+        match &self.blas.unavailable {
+            None => "cuBLAS (bf16, f32 accumulate)".into(),
+            Some(why) => format!("Spindle's GEMM kernels (cuBLAS not used: {why})"),
+        }
+    }
+
+    /// Whether cuBLAS is loaded (else [`GemmKernel::Cublas`] is an error).
+    pub fn has_cublas(&self) -> bool {
+        self.blas.loaded()
     }
 
     fn function(&self, name: &'static str) -> Result<&CudaFunction, CudaError> {

@@ -261,7 +261,7 @@ fn paged_decode_rejects_shapes_it_does_not_take() {
 fn every_gemm_kernel_matches_the_cpu_for_odd_shapes_and_both_outputs() {
     use spindle_kernels::device::GemmKernel;
     let Some(g) = gpu() else { return };
-    // Auto: m ≤ 8 with k % 8 == 0 takes the skinny kernel, the rest tensor cores.
+    // Spindle: m ≤ 8 with k % 8 == 0 takes the skinny kernel, the rest tensor cores.
     for (m, n, k) in [(1, 1, 1), (3, 65, 17), (64, 64, 64), (7, 576, 1536), (130, 49, 200), (1, 4099, 4096), (8, 100, 64), (9, 33, 8), (200, 300, 96)] {
         let (x, w) = (random(m * k, 14, 1.0), random(n * k, 15, 1.0));
         let (dx, dw) = (g.stream.clone_htod(&x).unwrap(), g.stream.clone_htod(&w).unwrap());
@@ -269,7 +269,13 @@ fn every_gemm_kernel_matches_the_cpu_for_odd_shapes_and_both_outputs() {
         let reference: Vec<f32> = (0..m * n)
             .map(|i| (0..k).map(|j| f64::from(xf[(i / n) * k + j]) * f64::from(wf[(i % n) * k + j])).sum::<f64>() as f32)
             .collect();
-        for kernel in [GemmKernel::Auto, GemmKernel::Simt, GemmKernel::TensorCore] {
+        let mut kernels = vec![GemmKernel::Auto, GemmKernel::Spindle, GemmKernel::Simt, GemmKernel::TensorCore];
+        if g.has_cublas() {
+            kernels.push(GemmKernel::Cublas);
+        } else if m == 1 {
+            println!("cuBLAS skipped: {}", g.gemm_backend());
+        }
+        for kernel in kernels {
             let mut y16 = poisoned(&g, m * n);
             g.gemm_with(kernel, &mut y16, &dx, &dw, m, n, k).unwrap();
             let err = rel_err(&g.stream.clone_dtoh(&y16).unwrap(), &reference);
@@ -308,5 +314,73 @@ fn rope_tables_match_the_cpu_in_both_layouts() {
         }
         let err = rel_err(&g.stream.clone_dtoh(&dx).unwrap(), &reference);
         assert!(err < TOLERANCE, "interleaved {interleaved}: rel err {err}");
+    }
+}
+
+#[test]
+fn paged_prefill_matches_the_cpu_causally_over_cached_prefixes() {
+    use spindle_kernels::device::PrefillShape;
+    let Some(g) = gpu() else { return };
+    // (cached prefix, new tokens) per sequence: a lone token, tiles that
+    // split unevenly, a long cached prefix, exactly one tile.
+    let seqs_spec: [(usize, usize); 5] = [(0, 1), (0, 67), (37, 130), (250, 5), (5, 64)];
+    for (heads, kv_heads, head_dim, block_size) in [(4, 2, 64, 16), (8, 8, 128, 16), (6, 2, 16, 32), (4, 1, 256, 16), (2, 1, 80, 16)] {
+        let seqs = seqs_spec.len();
+        let max_blocks = seqs_spec.iter().map(|(p, n)| (p + n).div_ceil(block_size)).max().unwrap();
+        let num_blocks = seqs * max_blocks + 3;
+        let kv_dim = kv_heads * head_dim;
+        let tables: Vec<i32> = (0..seqs * max_blocks).map(|i| ((i * 7919 + 5) % num_blocks) as i32).collect();
+        let kc = random(num_blocks * block_size * kv_dim, 21, 1.0);
+        let vc = random(num_blocks * block_size * kv_dim, 22, 1.0);
+        let tokens: usize = seqs_spec.iter().map(|(_, n)| n).sum();
+        let q = random(tokens * heads * head_dim, 23, 2.0);
+        let mut q_starts = vec![0i32];
+        for (_, n) in seqs_spec {
+            q_starts.push(q_starts.last().unwrap() + n as i32);
+        }
+        let start_pos: Vec<i32> = seqs_spec.iter().map(|(p, _)| *p as i32).collect();
+        let shape = PrefillShape {
+            seqs,
+            tokens,
+            max_new: seqs_spec.iter().map(|(_, n)| *n).max().unwrap(),
+            heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            max_blocks,
+        };
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut out = poisoned(&g, tokens * heads * head_dim);
+        let dev = |v: &[i32]| g.stream.clone_htod(v).unwrap();
+        let (dk, dv, dq) = (g.stream.clone_htod(&kc).unwrap(), g.stream.clone_htod(&vc).unwrap(), g.stream.clone_htod(&q).unwrap());
+        let result = g.paged_prefill(&mut out, &dq, &dk, &dv, &dev(&tables), &dev(&q_starts), &dev(&start_pos), shape, scale);
+        if !PrefillShape::supports_head_dim(head_dim) {
+            let err = result.unwrap_err();
+            assert!(err.to_string().contains("multiple of 16"), "{err}");
+            continue;
+        }
+        result.unwrap();
+        let got = g.stream.clone_dtoh(&out).unwrap();
+        let (kf, vf, qf) = (f32s(&kc), f32s(&vc), f32s(&q));
+        let mut reference = vec![0.0f32; tokens * heads * head_dim];
+        for (s, (prefix, n)) in seqs_spec.iter().enumerate() {
+            let table = &tables[s * max_blocks..(s + 1) * max_blocks];
+            for i in 0..*n {
+                let row = q_starts[s] as usize + i;
+                for h in 0..heads {
+                    let at = (row * heads + h) * head_dim;
+                    let o = attend_reference(&qf[at..at + head_dim], &kf, &vf, table, prefix + i + 1, h / (heads / kv_heads), kv_dim, block_size, scale);
+                    reference[at..at + head_dim].copy_from_slice(&o);
+                }
+            }
+        }
+        let err = rel_err(&got, &reference);
+        assert!(err < TOLERANCE, "heads {heads}/{kv_heads} head_dim {head_dim}: rel err {err}");
+        // The worst single row too, so one wrong tile cannot hide in the norm.
+        for row in 0..tokens * heads {
+            let r = &reference[row * head_dim..(row + 1) * head_dim];
+            let e = rel_err(&got[row * head_dim..(row + 1) * head_dim], r);
+            assert!(e < 3.0 * TOLERANCE, "head_dim {head_dim}: row {row} (token {}, head {}) rel err {e}", row / heads, row % heads);
+        }
     }
 }

@@ -56,11 +56,12 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut model = CudaModel::random(config.clone(), 7, 0, KvSize::MemoryFraction(0.9), BLOCK_SIZE)?;
     println!(
-        "device {}; Llama-3.1-8B shapes, {layers} layers, {:.2} GB bf16 weights, {} KV blocks; loaded in {:.0} s",
+        "device {}; Llama-3.1-8B shapes, {layers} layers, {:.2} GB bf16 weights, {} KV blocks; loaded in {:.0} s\nlinear layers: {}",
         model.device_name(),
         model.weight_bytes() as f64 / 1e9,
         model.num_blocks(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        model.gemm_backend()
     );
     decode(&mut model)?;
     for tokens in [512, 4096] {

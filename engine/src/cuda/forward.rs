@@ -7,7 +7,7 @@ use crate::batch::{ForwardBatch, LogitsRequest};
 use crate::error::{EngineError, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use spindle_kernels::device::DecodeShape;
+use spindle_kernels::device::{DecodeShape, Gpu, PrefillShape};
 use std::ops::Range;
 
 /// The host-side index arrays of one step.
@@ -15,11 +15,15 @@ struct Plan {
     ids: Vec<u32>,
     positions: Vec<usize>,
     slots: Vec<i64>,
-    /// Per token: its sequence's block table, padded to `max_blocks`.
+    /// Per sequence: its block table, padded to `max_blocks`.
     tables: Vec<i32>,
     max_blocks: usize,
-    /// Per token: how many positions it attends to (its position + 1).
-    context: Vec<i32>,
+    /// Per sequence: its first row among the new tokens (and the total last).
+    q_starts: Vec<i32>,
+    /// Per sequence: the position of its first new token.
+    start_pos: Vec<i32>,
+    /// Per token: its sequence.
+    seq_of: Vec<usize>,
     /// Tokens whose logits are wanted, and each sequence's range of them.
     rows: Vec<u32>,
     ranges: Vec<Range<usize>>,
@@ -29,7 +33,18 @@ impl CudaModel {
     fn plan(&self, batch: &ForwardBatch) -> Result<Plan> {
         let c = &self.config;
         let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0).max(1);
-        let mut p = Plan { ids: Vec::new(), positions: Vec::new(), slots: Vec::new(), tables: Vec::new(), max_blocks, context: Vec::new(), rows: Vec::new(), ranges: Vec::new() };
+        let mut p = Plan {
+            ids: Vec::new(),
+            positions: Vec::new(),
+            slots: Vec::new(),
+            tables: Vec::new(),
+            max_blocks,
+            q_starts: vec![0],
+            start_pos: Vec::new(),
+            seq_of: Vec::new(),
+            rows: Vec::new(),
+            ranges: Vec::new(),
+        };
         for (i, seq) in batch.seqs.iter().enumerate() {
             if seq.tokens.is_empty() {
                 return Err(EngineError::InvalidBatch(format!("sequence {i} has no new tokens")));
@@ -50,14 +65,16 @@ impl CudaModel {
             let mut table: Vec<i32> = seq.block_table.iter().map(|&b| b as i32).collect();
             table.resize(max_blocks, 0);
             let first_token = p.ids.len();
+            p.tables.extend_from_slice(&table);
+            p.start_pos.push(seq.start_pos as i32);
             for (j, &tok) in seq.tokens.iter().enumerate() {
                 let pos = seq.start_pos + j;
                 p.ids.push(tok);
                 p.positions.push(pos);
                 p.slots.push((seq.block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size) as i64);
-                p.tables.extend_from_slice(&table);
-                p.context.push((pos + 1) as i32);
+                p.seq_of.push(i);
             }
+            p.q_starts.push(p.ids.len() as i32);
             let wanted = match seq.logits {
                 LogitsRequest::None if seq.sampling.is_none() => 0..0,
                 LogitsRequest::All => 0..seq.tokens.len(),
@@ -81,23 +98,13 @@ impl CudaModel {
         let angles = self.rope.angles(&p.positions);
         let (cos, sin) = (s.clone_htod(angles.cos())?, s.clone_htod(angles.sin())?);
         let (ids, slots) = (s.clone_htod(&p.ids)?, s.clone_htod(&p.slots)?);
-        let (tables, context) = (s.clone_htod(&p.tables)?, s.clone_htod(&p.context)?);
+        let attention = self.attention_plan(&p)?;
         let zeros = |n: usize| s.alloc_zeros::<bf16>(n);
         let mut x = zeros(t * h)?;
         let (mut hn, mut q, mut k, mut v) = (zeros(t * h)?, zeros(t * c.q_dim())?, zeros(t * c.kv_dim())?, zeros(t * c.kv_dim())?);
         let (mut attn, mut o, mut k_normed) = (zeros(t * c.q_dim())?, zeros(t * h)?, zeros(t * c.kv_dim())?);
         let (mut gate, mut up, mut act) = (zeros(t * c.intermediate_size)?, zeros(t * c.intermediate_size)?, zeros(t * c.intermediate_size)?);
         g.embedding(&mut x, &self.embed, &ids, t, h, c.vocab_size as u32)?;
-        let shape = DecodeShape {
-            seqs: t,
-            heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            block_size: self.block_size,
-            max_blocks: p.max_blocks,
-            max_context: p.context.iter().copied().max().unwrap_or(1) as usize,
-        };
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         let interleaved = self.rope.interleaved();
         for (li, layer) in self.layers.iter().enumerate() {
             // The residual add of the previous block is fused into this norm.
@@ -118,7 +125,7 @@ impl CudaModel {
             g.rope_table(&mut q, &cos, &sin, t, c.num_heads, c.head_dim, interleaved)?;
             g.rope_table(&mut k, &cos, &sin, t, c.num_kv_heads, c.head_dim, interleaved)?;
             g.kv_write(&mut self.k_cache[li], &mut self.v_cache[li], &k, &v, &slots, t, c.kv_dim())?;
-            g.paged_decode(&mut attn, &q, &self.k_cache[li], &self.v_cache[li], &tables, &context, shape, scale)?;
+            attention.run(g, &mut attn, &q, &self.k_cache[li], &self.v_cache[li])?;
             g.gemm(&mut o, &attn, &layer.wo, t, h, c.q_dim())?;
             g.add_rmsnorm(&mut hn, Some(&mut x), &o, &layer.ffn_norm, t, h, eps)?;
             g.gemm(&mut gate, &hn, &layer.gate, t, c.intermediate_size, h)?;
@@ -128,6 +135,46 @@ impl CudaModel {
         }
         g.add_rmsnorm(&mut hn, Some(&mut x), &o, &self.final_norm, t, h, eps)?;
         self.logits(&p, &hn)
+    }
+
+    /// How this step attends: the prefill kernel when some sequence has
+    /// several new tokens (and the head width suits it), else decode
+    /// attention with one row per token.
+    fn attention_plan(&self, p: &Plan) -> Result<Attention> {
+        let c = &self.config;
+        let s = &self.gpu.stream;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let max_new = p.q_starts.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
+        if max_new > 1 && PrefillShape::supports_head_dim(c.head_dim) {
+            let shape = PrefillShape {
+                seqs: p.start_pos.len(),
+                tokens: p.ids.len(),
+                max_new,
+                heads: c.num_heads,
+                kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+                block_size: self.block_size,
+                max_blocks: p.max_blocks,
+            };
+            let (tables, q_starts, start_pos) = (s.clone_htod(&p.tables)?, s.clone_htod(&p.q_starts)?, s.clone_htod(&p.start_pos)?);
+            return Ok(Attention::Prefill { shape, tables, q_starts, start_pos, scale });
+        }
+        // One decode row per token: its sequence's table and its own causal length.
+        let mut tables = Vec::with_capacity(p.ids.len() * p.max_blocks);
+        for &seq in &p.seq_of {
+            tables.extend_from_slice(&p.tables[seq * p.max_blocks..(seq + 1) * p.max_blocks]);
+        }
+        let context: Vec<i32> = p.positions.iter().map(|&pos| (pos + 1) as i32).collect();
+        let shape = DecodeShape {
+            seqs: p.ids.len(),
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: self.block_size,
+            max_blocks: p.max_blocks,
+            max_context: context.iter().copied().max().unwrap_or(1) as usize,
+        };
+        Ok(Attention::Decode { shape, tables: s.clone_htod(&tables)?, context: s.clone_htod(&context)?, scale })
     }
 
     /// The wanted rows of the final hidden states through the output head.
@@ -144,5 +191,23 @@ impl CudaModel {
             host = g.stream.clone_dtoh(&logits)?;
         }
         Ok(p.ranges.iter().map(|range| host[range.start * vocab..range.end * vocab].to_vec()).collect())
+    }
+}
+
+/// One step's attention, its index arrays already on the device.
+enum Attention {
+    /// Flash-attention prefill over the paged cache, per sequence.
+    Prefill { shape: PrefillShape, tables: CudaSlice<i32>, q_starts: CudaSlice<i32>, start_pos: CudaSlice<i32>, scale: f32 },
+    /// Decode attention, one row per token.
+    Decode { shape: DecodeShape, tables: CudaSlice<i32>, context: CudaSlice<i32>, scale: f32 },
+}
+
+impl Attention {
+    fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
+        match self {
+            Self::Prefill { shape, tables, q_starts, start_pos, scale } => g.paged_prefill(out, q, k, v, tables, q_starts, start_pos, *shape, *scale)?,
+            Self::Decode { shape, tables, context, scale } => g.paged_decode(out, q, k, v, tables, context, *shape, *scale)?,
+        }
+        Ok(())
     }
 }

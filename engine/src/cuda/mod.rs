@@ -5,11 +5,12 @@
 //!
 //! Weights of any file type (GGUF quants included) are dequantized to bf16
 //! at load. The KV cache has the CPU pool's layout (slot = block ×
-//! block_size + offset, rows of kv_dim) in bf16. Prefill attention runs the
-//! decode kernel once per query token, each with its own causal context
-//! length: correct for any mix of prefill and decode, not yet a tiled
-//! flash-attention prefill. GEMMs are Spindle's tiled kernel, not yet
-//! cuBLAS. Qwen2 (q/k/v biases) is not supported here yet.
+//! block_size + offset, rows of kv_dim) in bf16. A step with several new
+//! tokens in some sequence runs the flash-attention prefill kernel (causal,
+//! varlen, over the cache, so cached prefixes are attended); a step of
+//! single tokens runs split-K decode attention. GEMMs run on cuBLAS when
+//! `libcublas.so.13` is on the library path, else on Spindle's own kernels.
+//! Qwen2 (q/k/v biases) is not supported here yet.
 
 mod forward;
 mod weights;
@@ -186,6 +187,11 @@ impl CudaModel {
     /// Parameters in the layers (what every token multiplies through).
     pub fn layer_params(&self) -> usize {
         self.layers.iter().map(GpuLayer::bytes).sum::<usize>() / 2
+    }
+
+    /// What runs the linear layers (cuBLAS, or Spindle's kernels and why).
+    pub fn gemm_backend(&self) -> String {
+        self.gpu.gemm_backend()
     }
 
     /// The GPU's name.

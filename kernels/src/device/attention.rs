@@ -47,7 +47,7 @@ impl DecodeShape {
         if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
             return bad("head_dim must be 1..=256");
         }
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return bad("heads must be a multiple of kv_heads");
         }
         if self.block_size == 0 || self.max_blocks * self.block_size < self.max_context {
@@ -87,7 +87,7 @@ impl Gpu {
         need(v, tokens * kv_dim, "v")?;
         need(slots, tokens, "slots")?;
         need(v_cache, k_cache.len(), "v_cache")?;
-        if k_cache.len() % kv_dim != 0 {
+        if !k_cache.len().is_multiple_of(kv_dim) {
             return Err(CudaError::Shape(format!("a cache of {} values does not hold rows of {kv_dim}", k_cache.len())));
         }
         let dim32 = int(kv_dim)?;

@@ -18,25 +18,34 @@ pub trait GemmOut: DeviceRepr {
     const TENSOR_CORE: &'static str;
     /// The skinny kernel writing this type.
     const GEMV: &'static str;
+    /// cuBLAS's name for this type.
+    const CUBLAS: cudarc::cublas::sys::cudaDataType;
 }
 
 impl GemmOut for bf16 {
     const KERNEL: &'static str = "gemm_bf16";
     const TENSOR_CORE: &'static str = "gemm_tc_bf16";
     const GEMV: &'static str = "gemv_bf16";
+    const CUBLAS: cudarc::cublas::sys::cudaDataType = cudarc::cublas::sys::cudaDataType::CUDA_R_16BF;
 }
 
 impl GemmOut for f32 {
     const KERNEL: &'static str = "gemm_bf16_f32out";
     const TENSOR_CORE: &'static str = "gemm_tc_bf16_f32out";
     const GEMV: &'static str = "gemv_bf16_f32out";
+    const CUBLAS: cudarc::cublas::sys::cudaDataType = cudarc::cublas::sys::cudaDataType::CUDA_R_32F;
 }
 
 /// Which GEMM kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemmKernel {
-    /// By shape: the skinny kernel for up to 8 rows (k a multiple of 8), else tensor cores.
+    /// cuBLAS when it is loaded; else [`Self::Spindle`].
     Auto,
+    /// Spindle's own by shape: the skinny kernel for up to 8 rows (k a
+    /// multiple of 8), else tensor cores.
+    Spindle,
+    /// cuBLAS (`cublasGemmEx`, bf16 in, f32 accumulate); an error when not loaded.
+    Cublas,
     /// The tiled CUDA-core kernel (the reference the others are tested against).
     Simt,
     /// The tiled tensor-core (WMMA) kernel.
@@ -44,9 +53,10 @@ pub enum GemmKernel {
 }
 
 impl Gpu {
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with f32 accumulation. Up to 8 rows
-    /// with `k` a multiple of 8 (decode steps) take the skinny kernel that
-    /// streams the weights in 16-byte loads; the rest the tiled one.
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with f32 accumulation: cuBLAS when it
+    /// is loaded, else Spindle's kernels (up to 8 rows with `k` a multiple of
+    /// 8, decode steps, take the skinny kernel that streams the weights in
+    /// 16-byte loads; the rest the tiled tensor-core one).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm<T: GemmOut>(&self, y: &mut CudaSlice<T>, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, m: usize, n: usize, k: usize) -> Result<(), CudaError> {
         self.gemm_with(GemmKernel::Auto, y, x, w, m, n, k)
@@ -61,8 +71,16 @@ impl Gpu {
         need(y, m * n, "y")?;
         need(x, m * k, "x")?;
         need(w, n * k, "w")?;
+        let kernel = match kernel {
+            GemmKernel::Auto if self.blas.loaded() => GemmKernel::Cublas,
+            GemmKernel::Auto => GemmKernel::Spindle,
+            other => other,
+        };
+        if kernel == GemmKernel::Cublas {
+            return self.blas.gemm(T::CUBLAS, y, x, w, m, n, k);
+        }
         let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
-        if kernel == GemmKernel::Auto && m <= GEMV_MAX_M && k > 0 && k % 8 == 0 {
+        if kernel == GemmKernel::Spindle && m <= GEMV_MAX_M && k > 0 && k.is_multiple_of(8) {
             let f = self.function(T::GEMV)?;
             let cfg = LaunchConfig { grid_dim: (int(n.div_ceil(8))? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let mut launch = self.stream.launch_builder(f);
@@ -78,7 +96,7 @@ impl Gpu {
         }
         let (f, threads) = match kernel {
             GemmKernel::Simt => (self.function(T::KERNEL)?, 256),
-            GemmKernel::Auto | GemmKernel::TensorCore => (self.function(T::TENSOR_CORE)?, 128),
+            _ => (self.function(T::TENSOR_CORE)?, 128),
         };
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);

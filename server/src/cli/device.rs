@@ -113,6 +113,7 @@ pub fn start_cuda(
         gpu.num_blocks(),
         gpu.num_blocks() * block_size
     );
+    tracing::info!("linear layers: {}", gpu.gemm_backend());
     if let Some(uuid) = gpu.device_uuid() {
         spindle_server::app::gpu_stats::install(&uuid);
     }

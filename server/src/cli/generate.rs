@@ -164,7 +164,7 @@ fn ready_on_gpu(args: &GenerateArgs, ordinal: usize, meta: spindle_engine::load:
     let prompt = prompt_ids(args, &meta.template, &meta.tokenizer)?;
     let blocks = blocks_for(prompt.len(), args.max_tokens, meta.config.context_length);
     let model = CudaModel::open(&args.model, ordinal, KvSize::Blocks(blocks), BLOCK_SIZE)?;
-    eprintln!("{} on cuda:{ordinal} ({})", meta.location.name, model.device_name());
+    eprintln!("{} on cuda:{ordinal} ({}); linear layers: {}", meta.location.name, model.device_name(), model.gemm_backend());
     let stop_tokens = meta.tokenizer.eos_ids().to_vec();
     Ok(Ready { runner: Box::new(CudaRunner::new(model)), blocks, tokenizer: meta.tokenizer, prompt, stop_tokens })
 }

@@ -1,0 +1,115 @@
+//! cuBLAS for the linear layers: `cublasGemmEx` in bf16 with f32 accumulate,
+//! loaded at run time like the driver. Where `libcublas.so` cannot be found
+//! (or the handle cannot be made), [`Gpu`](super::Gpu) keeps Spindle's own
+//! GEMM kernels and says why in [`Blas::unavailable`].
+
+use super::{int, CudaError};
+use cudarc::cublas::{result::gemm_ex, sys, CudaBlas};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use half::bf16;
+use std::sync::Arc;
+
+/// cuBLAS on one stream, or why it is not there.
+#[derive(Debug)]
+pub(crate) struct Blas {
+    handle: Option<CudaBlas>,
+    stream: Arc<CudaStream>,
+    /// Why cuBLAS is not used (`None` when it is).
+    pub(crate) unavailable: Option<String>,
+}
+
+/// Whether `libcublas` can be loaded (never panics).
+pub fn cublas_present() -> bool {
+    // SAFETY: only tries to dlopen the library; nothing is called in it.
+    unsafe { sys::is_culib_present() }
+}
+
+impl Blas {
+    /// A handle on `stream`, or the reason there is none.
+    pub(crate) fn open(stream: &Arc<CudaStream>) -> Self {
+        if std::env::var_os("SPINDLE_NO_CUBLAS").is_some() {
+            return Self {
+                handle: None,
+                stream: stream.clone(),
+                unavailable: Some("turned off by SPINDLE_NO_CUBLAS".into()),
+            };
+        }
+        if !cublas_present() {
+            return Self {
+                handle: None,
+                stream: stream.clone(),
+                unavailable: Some("libcublas.so.13 was not found on the library path".into()),
+            };
+        }
+        match CudaBlas::new(stream.clone()) {
+            Ok(handle) => Self {
+                handle: Some(handle),
+                stream: stream.clone(),
+                unavailable: None,
+            },
+            Err(e) => Self {
+                handle: None,
+                stream: stream.clone(),
+                unavailable: Some(format!("cublasCreate failed: {e}")),
+            },
+        }
+    }
+
+    /// Whether cuBLAS runs the GEMMs.
+    pub(crate) fn loaded(&self) -> bool {
+        self.handle.is_some()
+    }
+
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ`, f32 accumulation, `y` in `out_type`.
+    /// Row-major `y` is the column-major n×m product `wᵀ(k×n)ᵀ · x(k×m)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm<T>(
+        &self,
+        out_type: sys::cudaDataType,
+        y: &mut CudaSlice<T>,
+        x: &CudaSlice<bf16>,
+        w: &CudaSlice<bf16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let Some(blas) = &self.handle else {
+            return Err(CudaError::Blas(
+                self.unavailable.clone().unwrap_or_default(),
+            ));
+        };
+        let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
+        let stream = &self.stream;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (xp, _x_sync) = x.device_ptr(stream);
+        let (wp, _w_sync) = w.device_ptr(stream);
+        let (yp, _y_sync) = y.device_ptr_mut(stream);
+        // SAFETY: the pointers are live device buffers of at least n·k, m·k
+        // and m·n values (checked by the caller), on the handle's stream; the
+        // leading dimensions are the rows' lengths.
+        unsafe {
+            gemm_ex(
+                *blas.handle(),
+                sys::cublasOperation_t::CUBLAS_OP_T,
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                n32,
+                m32,
+                k32,
+                (&alpha as *const f32).cast(),
+                wp as *const _,
+                sys::cudaDataType_t::CUDA_R_16BF,
+                k32,
+                xp as *const _,
+                sys::cudaDataType_t::CUDA_R_16BF,
+                k32,
+                (&beta as *const f32).cast(),
+                yp as *mut _,
+                out_type,
+                n32,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CudaError::Blas(format!("cublasGemmEx: {e}")))
+    }
+}
