@@ -82,15 +82,23 @@ impl ModelRunner {
 /// The step's outputs from each sequence's logits (from any backend):
 /// sampling where asked (with its grammar), logits kept where asked.
 pub fn sample_outputs(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize) -> Result<StepOutput> {
+    let none = vec![None; batch.seqs.len()];
+    sample_outputs_with(batch, logits, vocab, none)
+}
+
+/// [`sample_outputs`] where a backend already sampled some sequences
+/// (`presampled[i]`, e.g. on the GPU); the others sample from their logits.
+pub fn sample_outputs_with(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize, presampled: Vec<Option<SampledToken>>) -> Result<StepOutput> {
     // Sequences sample independently (each with its own seeded generator),
     // so they run in parallel with the same results.
     let seqs = batch
         .seqs
         .par_iter()
-        .zip(logits.into_par_iter())
-        .map(|(seq, mut logits)| {
-            let (sampled, grammar_ended) = match &seq.sampling {
-                Some(s) if logits.len() >= vocab => {
+        .zip(logits.into_par_iter().zip(presampled.into_par_iter()))
+        .map(|(seq, (mut logits, presampled))| {
+            let (sampled, grammar_ended) = match (&seq.sampling, presampled) {
+                (Some(_), Some(done)) => (Some(done), false),
+                (Some(s), None) if logits.len() >= vocab => {
                     let start = logits.len() - vocab;
                     let mut last = logits[start..].to_vec();
                     let sampled = sample_one(s, &mut last)?;
@@ -131,6 +139,14 @@ fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<Option<SampledToken
         tracing::warn!("the grammar refused sampled token {}: {e}", sampled.token);
     }
     Ok(Some(sampled))
+}
+
+/// The uniform draw in [0, 1) the sequence's sampler takes at this step
+/// (its generator keyed by seed and step, as [`sample_outputs`] keys it), for
+/// a backend that draws the token itself.
+pub fn step_uniform(s: &SeqSampling) -> f64 {
+    let seed = s.params.seed.map_or_else(crate::sampling::entropy_seed, |seed| mix(seed, s.generated as u64));
+    crate::sampling::Rng::new(seed).next_f64()
 }
 
 fn mix(seed: u64, step: u64) -> u64 {

@@ -13,10 +13,12 @@ mod attention;
 mod blas;
 mod dense;
 mod prefill;
+mod sample;
 pub use attention::{DecodeShape, DECODE_PARTITION, MAX_HEAD_DIM};
 pub use blas::cublas_present;
 pub use dense::{GemmKernel, GemmOut};
 pub use prefill::{PrefillShape, PREFILL_MAX_HEAD_DIM, PREFILL_TILE};
+pub use sample::{RowSample, RowSampling};
 
 /// Why the GPU cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -384,3 +384,98 @@ fn paged_prefill_matches_the_cpu_causally_over_cached_prefixes() {
         }
     }
 }
+
+/// The distribution the host sampler draws from: p = exp((l - max) / t),
+/// then top-k, top-p on the top-k mass, min-p; normalized.
+fn truncated_distribution(logits: &[f32], t: f32, top_k: usize, top_p: f32, min_p: f32) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let p: Vec<f64> = logits.iter().map(|&l| ((f64::from(l) - f64::from(max)) / f64::from(t)).exp()).collect();
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    let mut keep = if top_k > 0 && top_k < p.len() { top_k } else { p.len() };
+    let mass_k: f64 = order[..keep].iter().map(|&i| p[i]).sum();
+    if top_p < 1.0 {
+        let mut acc = 0.0;
+        for (n, &i) in order[..keep].iter().enumerate() {
+            acc += p[i];
+            if acc >= f64::from(top_p) * mass_k {
+                keep = n + 1;
+                break;
+            }
+        }
+    }
+    keep = order[..keep].iter().take_while(|&&i| p[i] >= f64::from(min_p)).count().max(1);
+    let total: f64 = order[..keep].iter().map(|&i| p[i]).sum();
+    let mut q = vec![0.0; p.len()];
+    for &i in &order[..keep] {
+        q[i] = p[i] / total;
+    }
+    q
+}
+
+#[test]
+fn sampling_on_the_device_draws_the_host_samplers_distribution() {
+    use spindle_kernels::device::RowSampling;
+    let Some(g) = gpu() else { return };
+    let vocab = 1000;
+    let logits: Vec<f32> = f32s(&random(vocab, 31, 6.0));
+    // A sweep of uniforms turns the draw into its quantile function: each
+    // token must come up in proportion to its probability, within 1/N.
+    let n = 4000;
+    for (t, top_k, top_p, min_p) in [(0.7, 0, 1.0, 0.0), (1.0, 50, 1.0, 0.0), (1.3, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.05), (0.8, 100, 0.8, 0.01), (1.0, 3, 1.0, 0.0)] {
+        let mut d = g.stream.clone_htod(&logits.repeat(n)).unwrap();
+        let rows: Vec<RowSampling> =
+            (0..n).map(|i| RowSampling { row: i, temperature: t, top_k, top_p, min_p, uniform: (i as f64 + 0.5) / n as f64 }).collect();
+        let got = g.sample_rows(&mut d, vocab, &rows).unwrap();
+        let expected = truncated_distribution(&logits, t, top_k, top_p, min_p);
+        let mut counts = vec![0usize; vocab];
+        for s in &got {
+            counts[s.token as usize] += 1;
+        }
+        let log_z = {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            f64::from(max) + logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>().ln()
+        };
+        for (tok, (&c, &q)) in counts.iter().zip(&expected).enumerate() {
+            let share = c as f64 / n as f64;
+            assert!((share - q).abs() <= 2.0 / n as f64 + 2e-3, "t {t} k {top_k} p {top_p} min_p {min_p}: token {tok} drawn {share:.4}, expected {q:.4}");
+            assert!(q > 0.0 || c == 0, "token {tok} is outside the kept set but was drawn {c} times");
+        }
+        for s in got.iter().take(50) {
+            let want = f64::from(logits[s.token as usize]) - log_z;
+            assert!((f64::from(s.logprob) - want).abs() < 1e-3, "logprob {} vs {want}", s.logprob);
+        }
+    }
+}
+
+#[test]
+fn greedy_sampling_on_the_device_takes_the_lowest_argmax_and_sanitizes() {
+    use spindle_kernels::device::RowSampling;
+    let Some(g) = gpu() else { return };
+    let vocab = 5000;
+    let mut rows = Vec::new();
+    let mut data = Vec::new();
+    // A tie (lowest id wins), NaNs (never chosen), +inf (taken as the max), all -inf (uniform: id 0).
+    let mut tie = f32s(&random(vocab, 41, 3.0));
+    tie[17] = 9.0;
+    tie[4000] = 9.0;
+    let mut nan = f32s(&random(vocab, 42, 3.0));
+    nan[3] = f32::NAN;
+    nan[99] = 8.5;
+    let mut inf = f32s(&random(vocab, 43, 3.0));
+    inf[2500] = f32::INFINITY;
+    let flat = vec![f32::NEG_INFINITY; vocab];
+    let expected = [17u32, 99, 2500, 0];
+    for (i, row) in [tie, nan, inf, flat].into_iter().enumerate() {
+        data.extend_from_slice(&row);
+        rows.push(RowSampling { row: i, temperature: if i % 2 == 0 { 0.0 } else { 0.7 }, top_k: if i % 2 == 0 { 0 } else { 1 }, top_p: 1.0, min_p: 0.0, uniform: 0.3 });
+    }
+    let mut d = g.stream.clone_htod(&data).unwrap();
+    let got = g.sample_rows(&mut d, vocab, &rows).unwrap();
+    let tokens: Vec<u32> = got.iter().map(|s| s.token).collect();
+    assert_eq!(tokens, expected);
+    let uniform = -(vocab as f32).ln();
+    assert!((got[3].logprob - uniform).abs() < 1e-4, "all -inf is uniform: {}", got[3].logprob);
+    assert!(got.iter().all(|s| s.logprob.is_finite() && s.logprob <= 0.0), "{got:?}");
+    assert!(g.sample_rows(&mut d, vocab, &[rows[0], rows[0]]).is_err(), "a row listed twice is refused");
+}

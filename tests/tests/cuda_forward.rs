@@ -7,17 +7,19 @@
 //! compared; the CPU's token is fed to both either way). A prompt of 300
 //! tokens splits the context (partitions of 256), and a batch mixing a
 //! chunked prefill with another sequence's decode step checks per-token
-//! block tables.
+//! block tables. The GPU's own sampler (greedy, top-k, seeded) is checked
+//! against the logits of the same step.
 //! Runs with `--features cuda`; skipped (saying why) without a GPU.
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
+use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
 use spindle_engine::cuda::{device_count, driver_present, CudaModel, KvSize};
 use spindle_engine::kv::BlockAllocator;
 use spindle_engine::load::load_model;
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::ModelRunner;
+use spindle_engine::sampling::SamplingParams;
 use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyDtype, TinyModelOptions};
 
 const BLOCKS: usize = 128;
@@ -88,7 +90,43 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     }
     println!("{label}: greedy tokens agree at {agreed} of 32 steps ({ties} near ties not compared)");
     assert!(agreed >= 16, "{label}: too many near ties to say anything");
+    sampled_on_device(&mut gpu, next, pos, &table, label);
     mixed_batch(&mut cpu, &mut gpu, prompt, label);
+}
+
+fn sampling(params: SamplingParams) -> Option<SeqSampling> {
+    Some(SeqSampling { params, constraint: None, generated: 3, output_tokens: Vec::new(), prompt_tokens: Vec::new() })
+}
+
+/// The GPU's own sampler on one decode step (rerun at the same position, so
+/// the cache sees the same key each time): greedy takes the argmax of the
+/// logits the host would see, with their logprob; top-k 5 stays inside the
+/// five most likely; a seeded draw repeats.
+fn sampled_on_device(gpu: &mut CudaModel, token: u32, pos: usize, table: &[u32], label: &str) {
+    let logits = gpu.forward(&batch(vec![token], pos, table, LogitsRequest::Last)).expect("gpu step").remove(0);
+    let step = |gpu: &mut CudaModel, params: SamplingParams| {
+        let mut b = batch(vec![token], pos, table, LogitsRequest::None);
+        b.seqs[0].sampling = sampling(params);
+        let out = gpu.forward_step(&b).expect("gpu sampled step");
+        assert!(out.logits[0].is_empty(), "{label}: a device-sampled sequence copies no logits");
+        out.sampled[0].clone().expect("sampled on the device")
+    };
+    let greedy = step(gpu, SamplingParams::default());
+    let (best, gap) = argmax(&logits);
+    if gap > 1e-2 {
+        assert_eq!(greedy.token as usize, best, "{label}: device greedy token");
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_z = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let want = logits[greedy.token as usize] - log_z;
+    assert!((greedy.logprob - want).abs() < 1e-3, "{label}: device logprob {} vs {want}", greedy.logprob);
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let top_k = SamplingParams { temperature: 1.5, top_k: 5, seed: Some(9), ..SamplingParams::default() };
+    let drawn = step(gpu, top_k.clone());
+    assert!(order[..5].contains(&(drawn.token as usize)), "{label}: top-k 5 drew {}", drawn.token);
+    assert_eq!(step(gpu, top_k).token, drawn.token, "{label}: a seeded draw repeats");
+    println!("{label}: device sampling: greedy {} (logprob {:.3}), top-k 5 drew {}", greedy.token, greedy.logprob, drawn.token);
 }
 
 /// One sequence's chunked prefill (second chunk, all logits) next to

@@ -7,7 +7,8 @@ use crate::batch::{ForwardBatch, LogitsRequest};
 use crate::error::{EngineError, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use spindle_kernels::device::{DecodeShape, Gpu, PrefillShape};
+use crate::sampling::SampledToken;
+use spindle_kernels::device::{DecodeShape, Gpu, PrefillShape, RowSampling};
 use std::ops::Range;
 
 /// The host-side index arrays of one step.
@@ -88,8 +89,20 @@ impl CudaModel {
     }
 
     /// Runs the batch; returns, per sequence, the requested logits
-    /// (flattened), as the CPU model does.
+    /// (flattened), as the CPU model does. Nothing is sampled.
     pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
+        Ok(self.run(batch, false)?.logits)
+    }
+
+    /// Runs the batch and samples on the GPU the sequences whose sampling
+    /// the device kernel reproduces (see [`super::sample`]); their logits
+    /// stay on the device. The others get their logits, as [`Self::forward`].
+    pub fn forward_step(&mut self, batch: &ForwardBatch) -> Result<StepLogits> {
+        let on_device = self.device_sampling;
+        self.run(batch, on_device)
+    }
+
+    fn run(&mut self, batch: &ForwardBatch, device_sampling: bool) -> Result<StepLogits> {
         let p = self.plan(batch)?;
         let c = self.config.clone();
         let (t, h, eps) = (p.ids.len(), c.hidden_size, c.rms_norm_eps);
@@ -134,7 +147,8 @@ impl CudaModel {
             g.gemm(&mut o, &act, &layer.down, t, h, c.intermediate_size)?;
         }
         g.add_rmsnorm(&mut hn, Some(&mut x), &o, &self.final_norm, t, h, eps)?;
-        self.logits(&p, &hn)
+        let device = if device_sampling { super::sample::device_rows(batch, &p.ranges) } else { vec![None; batch.seqs.len()] };
+        self.logits(&p, &hn, &device)
     }
 
     /// How this step attends: the prefill kernel when some sequence has
@@ -178,19 +192,35 @@ impl CudaModel {
     }
 
     /// The wanted rows of the final hidden states through the output head.
-    fn logits(&self, p: &Plan, hidden: &CudaSlice<bf16>) -> Result<Vec<Vec<f32>>> {
+    /// Sequences in `device` sample there; the rest get their rows of logits.
+    fn logits(&self, p: &Plan, hidden: &CudaSlice<bf16>, device: &[Option<RowSampling>]) -> Result<StepLogits> {
         let (g, vocab, h) = (&self.gpu, self.config.vocab_size, self.config.hidden_size);
         let r = p.rows.len();
         let mut host = Vec::new();
+        let mut sampled: Vec<Option<SampledToken>> = vec![None; p.ranges.len()];
         if r > 0 {
             let rows = g.stream.clone_htod(&p.rows)?;
             let mut picked = g.stream.alloc_zeros::<bf16>(r * h)?;
             g.embedding(&mut picked, hidden, &rows, r, h, p.ids.len() as u32)?;
             let mut logits = g.stream.alloc_zeros::<f32>(r * vocab)?;
             g.gemm(&mut logits, &picked, self.lm_head.as_ref().unwrap_or(&self.embed), r, vocab, h)?;
-            host = g.stream.clone_dtoh(&logits)?;
+            let wanted: Vec<(usize, RowSampling)> = device.iter().enumerate().filter_map(|(i, d)| d.map(|d| (i, d))).collect();
+            let rows: Vec<RowSampling> = wanted.iter().map(|&(_, d)| d).collect();
+            for ((seq, _), s) in wanted.iter().zip(g.sample_rows(&mut logits, vocab, &rows)?) {
+                sampled[*seq] = Some(SampledToken { token: s.token, logprob: s.logprob, top_logprobs: Vec::new() });
+            }
+            let host_needed = p.ranges.iter().zip(&sampled).any(|(range, s)| s.is_none() && !range.is_empty());
+            if host_needed {
+                host = g.stream.clone_dtoh(&logits)?;
+            }
         }
-        Ok(p.ranges.iter().map(|range| host[range.start * vocab..range.end * vocab].to_vec()).collect())
+        let logits = p
+            .ranges
+            .iter()
+            .zip(&sampled)
+            .map(|(range, s)| if s.is_some() || range.is_empty() { Vec::new() } else { host[range.start * vocab..range.end * vocab].to_vec() })
+            .collect();
+        Ok(StepLogits { logits, sampled })
     }
 }
 
@@ -210,4 +240,15 @@ impl Attention {
         }
         Ok(())
     }
+}
+
+/// A step's results: per sequence, its logits on the host, or the token the
+/// GPU sampled for it (then its logits are empty).
+#[derive(Debug)]
+pub struct StepLogits {
+    /// The requested logits (flattened) of sequences the host samples or
+    /// that asked for logits.
+    pub logits: Vec<Vec<f32>>,
+    /// Tokens sampled on the GPU.
+    pub sampled: Vec<Option<SampledToken>>,
 }

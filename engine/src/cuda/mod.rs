@@ -13,7 +13,10 @@
 //! Qwen2 (q/k/v biases) is not supported here yet.
 
 mod forward;
+mod sample;
 mod weights;
+
+pub use forward::StepLogits;
 
 use crate::batch::{ForwardBatch, StepOutput};
 use crate::config::{ArchFamily, ModelConfig};
@@ -74,6 +77,8 @@ pub struct CudaModel {
     v_cache: Vec<CudaSlice<bf16>>,
     block_size: usize,
     num_blocks: usize,
+    /// Whether [`Self::forward_step`] samples on the GPU where it can.
+    device_sampling: bool,
 }
 
 impl std::fmt::Debug for CudaModel {
@@ -133,6 +138,7 @@ impl CudaModel {
             v_cache,
             block_size,
             num_blocks,
+            device_sampling: std::env::var_os("SPINDLE_HOST_SAMPLING").is_none(),
         })
     }
 
@@ -152,6 +158,13 @@ impl CudaModel {
                 Self::load(config, &dir, WeightNaming::Hf, ordinal, kv, block_size)
             }
         }
+    }
+
+    /// Sample on the GPU where the kernel reproduces the host sampler (the
+    /// default; `SPINDLE_HOST_SAMPLING=1` at start turns it off), or always
+    /// copy logits to the host.
+    pub fn set_device_sampling(&mut self, on: bool) {
+        self.device_sampling = on;
     }
 
     /// The model's hyper-parameters.
@@ -260,7 +273,7 @@ impl CudaRunner {
     /// Run one step: the batch through the model, then sampling for the
     /// sequences that asked.
     pub fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
-        let logits = self.model.forward(batch)?;
-        crate::runner::sample_outputs(batch, logits, self.model.config.vocab_size)
+        let step = self.model.forward_step(batch)?;
+        crate::runner::sample_outputs_with(batch, step.logits, self.model.config.vocab_size, step.sampled)
     }
 }

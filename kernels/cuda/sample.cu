@@ -1,0 +1,238 @@
+// Sampling on the device: one block per row of f32 logits picks the next
+// token (greedy, or temperature + top-k + top-p + min-p with a uniform
+// draw supplied by the host's seeded generator) and its logprob, so a step
+// copies 8 bytes per sequence back instead of a vocabulary of logits.
+//
+// The semantics follow the host sampler (engine/src/sampling): NaN logits
+// count as -inf and +inf as FLT_MAX, all -inf means uniform; the logprob
+// is the log-softmax at temperature 1 before truncation; greedy (or
+// top_k == 1, or temperature < 1e-5) takes the argmax, lowest id on ties;
+// otherwise p = exp((l - max) / T) (the most likely token has p = 1), then
+// top-k, then top-p measured on the top-k set, then min-p (p >= min_p),
+// and the token at u · mass of the kept set, in id order. Thresholds are
+// found by bisection over the float bit patterns of p, so the vocabulary is
+// never sorted. A sampled row's logits are overwritten with p.
+#include "common.cuh"
+#include <float.h>
+#include <limits.h>
+
+#define SAMPLE_THREADS 1024
+#define GREEDY_TEMPERATURE 1e-5f
+#define ONE_BITS 0x3F800000u
+
+__device__ __forceinline__ float sanitized(float l) {
+    if (isnan(l)) return -INFINITY;
+    if (isinf(l) && l > 0.0f) return FLT_MAX;
+    return l;
+}
+
+// Block-wide (value, index) max, lowest index on ties; every thread gets it.
+__device__ void block_argmax(float& v, int& idx) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > v || (ov == v && oi < idx)) {
+            v = ov;
+            idx = oi;
+        }
+    }
+    if (lane == 0) {
+        sv[warp] = v;
+        si[warp] = idx;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? sv[lane] : -INFINITY;
+        idx = lane < warps ? si[lane] : INT_MAX;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > v || (ov == v && oi < idx)) {
+                v = ov;
+                idx = oi;
+            }
+        }
+        if (lane == 0) {
+            sv[0] = v;
+            si[0] = idx;
+        }
+    }
+    __syncthreads();
+    v = sv[0];
+    idx = si[0];
+    __syncthreads();
+}
+
+// Block-wide max of an int; every thread gets it.
+__device__ int block_max_int(int v) {
+    __shared__ int s[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) s[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? s[lane] : INT_MIN;
+        for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) s[0] = v;
+    }
+    __syncthreads();
+    v = s[0];
+    __syncthreads();
+    return v;
+}
+
+// Sum over the block of each thread's count of p >= `bits` (as floats' bit
+// patterns, which order positive floats), and of their mass.
+__device__ void kept(const float* p, int vocab, unsigned bits, int& count, float& mass) {
+    int c = 0;
+    float m = 0.0f;
+    for (int t = threadIdx.x; t < vocab; t += blockDim.x) {
+        const float v = p[t];
+        if (__float_as_uint(v) >= bits && v > 0.0f) {
+            c += 1;
+            m += v;
+        }
+    }
+    count = (int)block_sum((float)c);
+    mass = block_sum(m);
+}
+
+// Exclusive prefix sum over the block (blockDim.x == SAMPLE_THREADS).
+__device__ float block_exclusive_scan(float w) {
+    __shared__ float warp_prefix[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float incl = w;
+    for (int o = 1; o < 32; o <<= 1) {
+        const float n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+    }
+    if (lane == 31) warp_prefix[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        const float total = lane < warps ? warp_prefix[lane] : 0.0f;
+        float run = total;
+        for (int o = 1; o < 32; o <<= 1) {
+            const float n = __shfl_up_sync(0xffffffffu, run, o);
+            if (lane >= o) run += n;
+        }
+        if (lane < warps) warp_prefix[lane] = run - total;
+    }
+    __syncthreads();
+    const float excl = warp_prefix[warp] + incl - w;
+    __syncthreads();
+    return excl;
+}
+
+// Grid (n), SAMPLE_THREADS threads. Block i samples logits row rows[i]
+// (of `vocab` values) with temperature[i], top_k[i] (0 = off), top_p[i]
+// (1 = off), min_p[i] (0 = off) and the uniform draw uniform[i] in [0, 1);
+// writes tokens[i] and logprobs[i]. Every rows[i] is distinct.
+extern "C" __global__ void sample_rows_f32(int* __restrict__ tokens, float* __restrict__ logprobs, float* __restrict__ logits,
+                                           const int* __restrict__ rows, const float* __restrict__ temperature,
+                                           const int* __restrict__ top_k, const float* __restrict__ top_p,
+                                           const float* __restrict__ min_p, const float* __restrict__ uniform, int vocab) {
+    __shared__ int chosen;
+    const int i = blockIdx.x;
+    float* l = logits + (size_t)rows[i] * vocab;
+
+    float best = -INFINITY;
+    int arg = INT_MAX;
+    for (int t = threadIdx.x; t < vocab; t += blockDim.x) {
+        const float v = sanitized(l[t]);
+        if (v > best || (v == best && t < arg)) {
+            best = v;
+            arg = t;
+        }
+    }
+    block_argmax(best, arg);
+    // Every logit -inf: the host makes them all 0 (uniform).
+    const bool flat = best == -INFINITY;
+    const float mx = flat ? 0.0f : best;
+    float z = 0.0f;
+    for (int t = threadIdx.x; t < vocab; t += blockDim.x) z += __expf((flat ? 0.0f : sanitized(l[t])) - mx);
+    const float log_z = mx + logf(block_sum(z));
+    // The chosen token's logit, read before a sampled row is overwritten.
+    int token = arg;
+    const float T = temperature[i];
+    const int K = top_k[i];
+    if (!(T < GREEDY_TEMPERATURE || K == 1)) {
+        const float inv_t = 1.0f / T;
+        for (int t = threadIdx.x; t < vocab; t += blockDim.x) l[t] = __expf(((flat ? 0.0f : sanitized(l[t])) - mx) * inv_t);
+        __syncthreads();
+        // Keep p >= float(lo): top-k first (the largest cut keeping at least K).
+        unsigned lo = 0, hi = ONE_BITS + 1;
+        int count;
+        float mass;
+        if (K > 0 && K < vocab) {
+            while (hi - lo > 1) {
+                const unsigned mid = lo + (hi - lo) / 2;
+                kept(l, vocab, mid, count, mass);
+                if (count >= K) lo = mid; else hi = mid;
+            }
+        }
+        kept(l, vocab, lo, count, mass);
+        // Top-p on the top-k set: the largest cut whose mass still reaches P of it.
+        const float P = top_p[i];
+        if (P < 1.0f) {
+            const float target = P * mass;
+            hi = ONE_BITS + 1;
+            while (hi - lo > 1) {
+                const unsigned mid = lo + (hi - lo) / 2;
+                kept(l, vocab, mid, count, mass);
+                if (mass >= target && count > 0) lo = mid; else hi = mid;
+            }
+        }
+        // Min-p relative to the most likely token (p = 1).
+        const float mp = min_p[i];
+        if (mp > 0.0f) lo = max(lo, __float_as_uint(mp));
+        kept(l, vocab, lo, count, mass);
+        // The draw: each thread owns a contiguous run of ids; the run whose
+        // prefix interval holds u · mass scans for the token.
+        const int run = (vocab + blockDim.x - 1) / blockDim.x;
+        const int first = threadIdx.x * run, last = min(first + run, vocab);
+        float w = 0.0f;
+        int last_kept = -1;
+        for (int t = first; t < last; ++t) {
+            const float v = l[t];
+            if (__float_as_uint(v) >= lo && v > 0.0f) {
+                w += v;
+                last_kept = t;
+            }
+        }
+        const float before = block_exclusive_scan(w);
+        const float target = uniform[i] * mass;
+        if (threadIdx.x == 0) chosen = INT_MAX;
+        __syncthreads();
+        if (w > 0.0f && before <= target && target < before + w) {
+            float acc = before;
+            int pick = last_kept;
+            for (int t = first; t < last; ++t) {
+                const float v = l[t];
+                if (__float_as_uint(v) >= lo && v > 0.0f) {
+                    acc += v;
+                    if (target < acc) {
+                        pick = t;
+                        break;
+                    }
+                }
+            }
+            atomicMin(&chosen, pick);
+        }
+        const int fallback = block_max_int(last_kept);  // (synchronizes: `chosen` is final)
+        token = chosen != INT_MAX ? chosen : (fallback >= 0 ? fallback : arg);
+        if (threadIdx.x == 0) {
+            // logprob from p: l = mx + T · ln p (p > 0 for any kept token).
+            const float p = l[token];
+            logprobs[i] = p > 0.0f ? mx + T * logf(p) - log_z : -INFINITY;
+            tokens[i] = token;
+        }
+        return;
+    }
+    if (threadIdx.x == 0) {
+        tokens[i] = token;
+        logprobs[i] = (flat ? 0.0f : sanitized(l[token])) - log_z;
+    }
+}
