@@ -33,4 +33,4 @@ cargo test -p spindle-tests --features cuda --test cuda_forward 2>&1 | tee -a ta
 # The daemon with the CUDA backend and the GPU whole-model benchmark must
 # keep compiling too.
 cargo check -p spindle-server --features cuda 2>&1 | tee -a target/test-output.log
-cargo check -p spindle-benches --features cuda --bin gpu-model-bench 2>&1 | tee -a target/test-output.log
+cargo check -p spindle-benches --features cuda --bin gpu-model-bench --bin sched-throughput 2>&1 | tee -a target/test-output.log

@@ -11,8 +11,8 @@
 // positions start_pos[s] + i, and each attends to the keys at positions
 // up to its own (the cache already holds this step's keys: kv_write runs
 // first). GQA by heads / kv_heads. head_dim is a multiple of 16, at most
-// 256; the dynamic shared memory is prefill_smem_bytes(head_dim) (mirrored
-// in device/attention.rs).
+// 256; the dynamic shared memory is PrefillShape::shared_bytes (in
+// src/device/prefill.rs, which mirrors the carve-up below).
 #include "common.cuh"
 #include <mma.h>
 using namespace nvcuda;

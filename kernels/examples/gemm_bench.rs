@@ -1,5 +1,5 @@
 //! The linear-layer GEMMs side by side on the GPU: cuBLAS against Spindle's
-//! own kernels (skinny, tensor-core WMMA, CUDA-core) on Llama-3.1-8B's layer
+//! own kernels (skinny, tensor-core WMMA) on Llama-3.1-8B's layer
 //! shapes, at decode (1, 8, 64, 256 rows) and prefill (512, 4096) sizes:
 //! `cargo run --release -p spindle-kernels --features cuda --example gemm_bench`
 //! (or the prebuilt binary, as `tools/gpu-check.sh` runs it).
@@ -12,13 +12,9 @@ use half::bf16;
 use spindle_kernels::device::{driver_present, GemmKernel, Gpu};
 use std::time::Instant;
 
-/// (name, n, k) of the 8B model's linear layers (q/k/v fused, gate/up fused).
-const LAYERS: [(&str, usize, usize); 4] = [
-    ("qkv", 6144, 4096),
-    ("o", 4096, 4096),
-    ("gate_up", 28672, 4096),
-    ("down", 4096, 14336),
-];
+/// (name, n, k) of the 8B model's linear layers, as the engine runs them
+/// (q and o; k and v; gate and up; down).
+const LAYERS: [(&str, usize, usize); 4] = [("q|o", 4096, 4096), ("k|v", 1024, 4096), ("gate|up", 14336, 4096), ("down", 4096, 14336)];
 
 fn main() {
     if !driver_present() {

@@ -324,7 +324,7 @@ fn paged_prefill_matches_the_cpu_causally_over_cached_prefixes() {
     // (cached prefix, new tokens) per sequence: a lone token, tiles that
     // split unevenly, a long cached prefix, exactly one tile.
     let seqs_spec: [(usize, usize); 5] = [(0, 1), (0, 67), (37, 130), (250, 5), (5, 64)];
-    for (heads, kv_heads, head_dim, block_size) in [(4, 2, 64, 16), (8, 8, 128, 16), (6, 2, 16, 32), (4, 1, 256, 16), (2, 1, 80, 16)] {
+    for (heads, kv_heads, head_dim, block_size) in [(4, 2, 64, 16), (8, 8, 128, 16), (6, 2, 16, 32), (4, 1, 256, 16), (2, 1, 80, 16), (2, 1, 72, 16)] {
         let seqs = seqs_spec.len();
         let max_blocks = seqs_spec.iter().map(|(p, n)| (p + n).div_ceil(block_size)).max().unwrap();
         let num_blocks = seqs * max_blocks + 3;

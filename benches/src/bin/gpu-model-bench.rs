@@ -6,8 +6,9 @@
 //! - decode: one step for B sequences at position 512 each (their cache
 //!   blocks hold zeros: with random weights the cost does not depend on the
 //!   cache's contents), for B in 1, 8, 32, 64, 128, 256; tokens/s = B / step
-//!   time, median of 10 steps. Only the first sequence's logits are copied
-//!   to the host (host sampling of the others is not measured). Batch 1 also
+//!   time, median of 10 steps. Every sequence is greedy-sampled: first on
+//!   the GPU (8 bytes back each), then with its logits copied to the host
+//!   instead (the host sampler's own time not counted). Batch 1 also
 //!   as a fraction of the memory-bandwidth roofline: the weights a step
 //!   streams (every layer and the head, not the embedding lookup) at
 //!   4.8 TB/s, the H200's HBM3e;
@@ -17,9 +18,10 @@
 //!
 //! Without a GPU it says so and exits 0.
 
-use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
+use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
 use spindle_engine::config::{ArchFamily, Llama3RopeScaling, ModelConfig, RopeStyle};
 use spindle_engine::cuda::{device_count, CudaModel, KvSize};
+use spindle_engine::sampling::SamplingParams;
 use std::time::Instant;
 
 const BLOCK_SIZE: usize = 16;
@@ -76,7 +78,20 @@ fn tables(seqs: usize, len: usize) -> Vec<Vec<u32>> {
     (0..seqs).map(|s| ((s * per) as u32..((s + 1) * per) as u32).collect()).collect()
 }
 
+/// Decode steps at each batch size: every sequence greedy-sampled, on the
+/// GPU (8 bytes back per sequence) and then with its logits copied to the
+/// host instead (the host sampler's input; its own time not counted).
 fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
+    for on_device in [true, false] {
+        model.set_device_sampling(on_device);
+        println!("decode, {}:", if on_device { "sampled on the GPU" } else { "logits copied to the host" });
+        decode_batches(model)?;
+    }
+    model.set_device_sampling(true);
+    Ok(())
+}
+
+fn decode_batches(model: &mut CudaModel) -> anyhow::Result<()> {
     const CONTEXT: usize = 512;
     let weight_bytes = model.streamed_weight_bytes() as f64;
     for batch in [1usize, 8, 32, 64, 128, 256] {
@@ -89,14 +104,10 @@ fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
         for step in 0..12 {
             let seqs = tables
                 .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let logits = if i == 0 { LogitsRequest::Last } else { LogitsRequest::None };
-                    SeqInput { tokens: vec![2], start_pos: CONTEXT + step, block_table: t.clone(), logits, sampling: None }
-                })
+                .map(|t| SeqInput { tokens: vec![2], start_pos: CONTEXT + step, block_table: t.clone(), logits: LogitsRequest::None, sampling: greedy() })
                 .collect();
             let start = Instant::now();
-            model.forward(&ForwardBatch { seqs })?;
+            model.forward_step(&ForwardBatch { seqs })?;
             if step >= 2 {
                 times.push(start.elapsed().as_secs_f64());
             }
@@ -108,6 +119,10 @@ fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
         println!("decode batch {batch:>3}: {tok_s:>8.1} tok/s (step {:.2} ms, min {:.2}, max {:.2}){roofline}", median * 1e3, lo * 1e3, hi * 1e3);
     }
     Ok(())
+}
+
+fn greedy() -> Option<SeqSampling> {
+    Some(SeqSampling { params: SamplingParams::default(), constraint: None, generated: 0, output_tokens: Vec::new(), prompt_tokens: Vec::new() })
 }
 
 fn prefill(model: &mut CudaModel, tokens: usize) -> anyhow::Result<()> {

@@ -1,6 +1,6 @@
 //! One forward step on the GPU: the batch's new tokens through every layer
 //! (writing their keys and values into the paged cache), then the logits the
-//! sequences asked for, copied to the host.
+//! sequences asked for: sampled on the GPU where it can, else copied to the host.
 
 use super::CudaModel;
 use crate::batch::{ForwardBatch, LogitsRequest};
@@ -8,23 +8,28 @@ use crate::error::{EngineError, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use crate::sampling::SampledToken;
-use spindle_kernels::device::{DecodeShape, Gpu, PrefillShape, RowSampling};
+use spindle_kernels::device::RowSampling;
 use std::ops::Range;
 
-/// The host-side index arrays of one step.
-struct Plan {
-    ids: Vec<u32>,
-    positions: Vec<usize>,
-    slots: Vec<i64>,
+/// The host-side index arrays of one step. Sequences are laid out in step
+/// order: those with one new token (decode) first, then the rest, so each
+/// attention kernel takes a contiguous run of rows; per-sequence arrays are
+/// in step order, `ranges` in batch order.
+pub(super) struct Plan {
+    pub(super) ids: Vec<u32>,
+    pub(super) positions: Vec<usize>,
+    pub(super) slots: Vec<i64>,
     /// Per sequence: its block table, padded to `max_blocks`.
-    tables: Vec<i32>,
-    max_blocks: usize,
+    pub(super) tables: Vec<i32>,
+    pub(super) max_blocks: usize,
     /// Per sequence: its first row among the new tokens (and the total last).
-    q_starts: Vec<i32>,
+    pub(super) q_starts: Vec<i32>,
     /// Per sequence: the position of its first new token.
-    start_pos: Vec<i32>,
-    /// Per token: its sequence.
-    seq_of: Vec<usize>,
+    pub(super) start_pos: Vec<i32>,
+    /// Per token: its sequence (in step order).
+    pub(super) seq_of: Vec<usize>,
+    /// How many sequences (first in step order) have one new token.
+    pub(super) decode_seqs: usize,
     /// Tokens whose logits are wanted, and each sequence's range of them.
     rows: Vec<u32>,
     ranges: Vec<Range<usize>>,
@@ -43,10 +48,14 @@ impl CudaModel {
             q_starts: vec![0],
             start_pos: Vec::new(),
             seq_of: Vec::new(),
+            decode_seqs: batch.seqs.iter().filter(|s| s.tokens.len() == 1).count(),
             rows: Vec::new(),
-            ranges: Vec::new(),
+            ranges: vec![0..0; batch.seqs.len()],
         };
-        for (i, seq) in batch.seqs.iter().enumerate() {
+        let decode_first = (0..batch.seqs.len()).filter(|&i| batch.seqs[i].tokens.len() == 1);
+        let order: Vec<usize> = decode_first.chain((0..batch.seqs.len()).filter(|&i| batch.seqs[i].tokens.len() != 1)).collect();
+        for (step_index, &i) in order.iter().enumerate() {
+            let seq = &batch.seqs[i];
             if seq.tokens.is_empty() {
                 return Err(EngineError::InvalidBatch(format!("sequence {i} has no new tokens")));
             }
@@ -73,7 +82,7 @@ impl CudaModel {
                 p.ids.push(tok);
                 p.positions.push(pos);
                 p.slots.push((seq.block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size) as i64);
-                p.seq_of.push(i);
+                p.seq_of.push(step_index);
             }
             p.q_starts.push(p.ids.len() as i32);
             let wanted = match seq.logits {
@@ -83,7 +92,7 @@ impl CudaModel {
             };
             let start = p.rows.len();
             p.rows.extend(wanted.map(|j| (first_token + j) as u32));
-            p.ranges.push(start..p.rows.len());
+            p.ranges[i] = start..p.rows.len();
         }
         Ok(p)
     }
@@ -111,7 +120,7 @@ impl CudaModel {
         let angles = self.rope.angles(&p.positions);
         let (cos, sin) = (s.clone_htod(angles.cos())?, s.clone_htod(angles.sin())?);
         let (ids, slots) = (s.clone_htod(&p.ids)?, s.clone_htod(&p.slots)?);
-        let attention = self.attention_plan(&p)?;
+        let attention = super::attention::plan(self, &p)?;
         let zeros = |n: usize| s.alloc_zeros::<bf16>(n);
         let mut x = zeros(t * h)?;
         let (mut hn, mut q, mut k, mut v) = (zeros(t * h)?, zeros(t * c.q_dim())?, zeros(t * c.kv_dim())?, zeros(t * c.kv_dim())?);
@@ -151,46 +160,6 @@ impl CudaModel {
         self.logits(&p, &hn, &device)
     }
 
-    /// How this step attends: the prefill kernel when some sequence has
-    /// several new tokens (and the head width suits it), else decode
-    /// attention with one row per token.
-    fn attention_plan(&self, p: &Plan) -> Result<Attention> {
-        let c = &self.config;
-        let s = &self.gpu.stream;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let max_new = p.q_starts.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
-        if max_new > 1 && PrefillShape::supports_head_dim(c.head_dim) {
-            let shape = PrefillShape {
-                seqs: p.start_pos.len(),
-                tokens: p.ids.len(),
-                max_new,
-                heads: c.num_heads,
-                kv_heads: c.num_kv_heads,
-                head_dim: c.head_dim,
-                block_size: self.block_size,
-                max_blocks: p.max_blocks,
-            };
-            let (tables, q_starts, start_pos) = (s.clone_htod(&p.tables)?, s.clone_htod(&p.q_starts)?, s.clone_htod(&p.start_pos)?);
-            return Ok(Attention::Prefill { shape, tables, q_starts, start_pos, scale });
-        }
-        // One decode row per token: its sequence's table and its own causal length.
-        let mut tables = Vec::with_capacity(p.ids.len() * p.max_blocks);
-        for &seq in &p.seq_of {
-            tables.extend_from_slice(&p.tables[seq * p.max_blocks..(seq + 1) * p.max_blocks]);
-        }
-        let context: Vec<i32> = p.positions.iter().map(|&pos| (pos + 1) as i32).collect();
-        let shape = DecodeShape {
-            seqs: p.ids.len(),
-            heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            block_size: self.block_size,
-            max_blocks: p.max_blocks,
-            max_context: context.iter().copied().max().unwrap_or(1) as usize,
-        };
-        Ok(Attention::Decode { shape, tables: s.clone_htod(&tables)?, context: s.clone_htod(&context)?, scale })
-    }
-
     /// The wanted rows of the final hidden states through the output head.
     /// Sequences in `device` sample there; the rest get their rows of logits.
     fn logits(&self, p: &Plan, hidden: &CudaSlice<bf16>, device: &[Option<RowSampling>]) -> Result<StepLogits> {
@@ -221,24 +190,6 @@ impl CudaModel {
             .map(|(range, s)| if s.is_some() || range.is_empty() { Vec::new() } else { host[range.start * vocab..range.end * vocab].to_vec() })
             .collect();
         Ok(StepLogits { logits, sampled })
-    }
-}
-
-/// One step's attention, its index arrays already on the device.
-enum Attention {
-    /// Flash-attention prefill over the paged cache, per sequence.
-    Prefill { shape: PrefillShape, tables: CudaSlice<i32>, q_starts: CudaSlice<i32>, start_pos: CudaSlice<i32>, scale: f32 },
-    /// Decode attention, one row per token.
-    Decode { shape: DecodeShape, tables: CudaSlice<i32>, context: CudaSlice<i32>, scale: f32 },
-}
-
-impl Attention {
-    fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
-        match self {
-            Self::Prefill { shape, tables, q_starts, start_pos, scale } => g.paged_prefill(out, q, k, v, tables, q_starts, start_pos, *shape, *scale)?,
-            Self::Decode { shape, tables, context, scale } => g.paged_decode(out, q, k, v, tables, context, *shape, *scale)?,
-        }
-        Ok(())
     }
 }
 

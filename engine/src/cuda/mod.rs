@@ -12,6 +12,7 @@
 //! `libcublas.so.13` is on the library path, else on Spindle's own kernels.
 //! Qwen2 (q/k/v biases) is not supported here yet.
 
+mod attention;
 mod forward;
 mod sample;
 mod weights;

@@ -38,7 +38,7 @@ impl Blas {
             return Self {
                 handle: None,
                 stream: stream.clone(),
-                unavailable: Some("libcublas.so.13 was not found on the library path".into()),
+                unavailable: Some("no libcublas.so (13, or an older major) on the library path".into()),
             };
         }
         match CudaBlas::new(stream.clone()) {
@@ -63,7 +63,7 @@ impl Blas {
     /// `y[m, n] = x[m, k] · w[n, k]ᵀ`, f32 accumulation, `y` in `out_type`.
     /// Row-major `y` is the column-major n×m product `wᵀ(k×n)ᵀ · x(k×m)`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm<T>(
+    pub(crate) fn gemm<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
         out_type: sys::cudaDataType,
         y: &mut CudaSlice<T>,
@@ -78,8 +78,13 @@ impl Blas {
                 self.unavailable.clone().unwrap_or_default(),
             ));
         };
-        let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
         let stream = &self.stream;
+        if k == 0 {
+            // cuBLAS refuses a zero leading dimension; the product is zero.
+            stream.memset_zeros(y)?;
+            return Ok(());
+        }
+        let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (xp, _x_sync) = x.device_ptr(stream);
         let (wp, _w_sync) = w.device_ptr(stream);

@@ -11,7 +11,7 @@ const TILE: usize = 64;
 const GEMV_MAX_M: usize = 8;
 
 /// Output element types of [`Gpu::gemm`].
-pub trait GemmOut: DeviceRepr {
+pub trait GemmOut: DeviceRepr + cudarc::driver::ValidAsZeroBits {
     /// The tiled CUDA-core kernel writing this type.
     const KERNEL: &'static str;
     /// The tiled tensor-core kernel writing this type.

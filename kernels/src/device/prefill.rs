@@ -67,6 +67,17 @@ impl PrefillShape {
 }
 
 impl Gpu {
+    /// Whether [`Self::paged_prefill`] runs for heads of `head_dim` here: a
+    /// width it takes, and its shared memory within the device's opt-in limit.
+    pub fn prefill_supported(&self, head_dim: usize) -> bool {
+        if !PrefillShape::supports_head_dim(head_dim) {
+            return false;
+        }
+        let shape = PrefillShape { seqs: 1, tokens: 1, max_new: 1, heads: 1, kv_heads: 1, head_dim, block_size: 1, max_blocks: 1 };
+        let limit = self.ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+        limit.is_ok_and(|l| usize::try_from(l).is_ok_and(|l| shape.shared_bytes() <= l))
+    }
+
     /// Prefill attention: for each sequence `s`, its new tokens are rows
     /// `q_starts[s]..q_starts[s + 1]` of `q` / `out` (`[tokens, heads,
     /// head_dim]`) at positions `start_pos[s]..`, and each attends causally
@@ -91,6 +102,9 @@ impl Gpu {
             return Ok(());
         }
         shape.check()?;
+        if shape.max_new == 0 {
+            return Err(CudaError::Shape(format!("max_new must cover the longest sequence: {shape:?}")));
+        }
         let rows = shape.tokens * shape.heads * shape.head_dim;
         need(out, rows, "out")?;
         need(q, rows, "q")?;
