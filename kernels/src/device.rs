@@ -14,7 +14,7 @@ mod blas;
 mod dense;
 mod prefill;
 mod sample;
-pub use attention::{DecodeShape, DECODE_PARTITION, MAX_HEAD_DIM};
+pub use attention::{DecodeScratch, DecodeShape, DECODE_PARTITION, MAX_HEAD_DIM};
 pub use blas::cublas_present;
 pub use dense::{GemmKernel, GemmOut};
 pub use prefill::{PrefillShape, PREFILL_MAX_HEAD_DIM, PREFILL_TILE};
@@ -106,7 +106,12 @@ impl Gpu {
         if major < 9 {
             return Err(CudaError::Unsupported(format!("{} is compute capability {major}.{minor}; the kernels need 9.0 or newer (Hopper)", ctx.name()?)));
         }
-        let stream = ctx.default_stream();
+        // One stream of our own (the legacy default stream cannot be
+        // captured into a CUDA graph), and no per-buffer events: every
+        // launch and copy is ordered on this one stream.
+        // SAFETY: called before any buffer exists in this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
         let mut functions = HashMap::new();
         for m in crate::MODULES {
             // The sm_90a SASS; on other GPUs the driver JITs the PTX.

@@ -8,7 +8,9 @@
 //! tokens splits the context (partitions of 256), and a batch mixing a
 //! chunked prefill with another sequence's decode step checks per-token
 //! block tables. The GPU's own sampler (greedy, top-k, seeded) is checked
-//! against the logits of the same step.
+//! against the logits of the same step, and a decode step replayed from a
+//! CUDA graph against the same step launched eagerly (decode steps take
+//! graphs by default, so the comparisons above run through them too).
 //! Runs with `--features cuda`; skipped (saying why) without a GPU.
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -92,6 +94,35 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     assert!(agreed >= 16, "{label}: too many near ties to say anything");
     sampled_on_device(&mut gpu, next, pos, &table, label);
     mixed_batch(&mut cpu, &mut gpu, prompt, label);
+    graphs_match_eager(&mut gpu, prompt, label);
+}
+
+/// One decode step of five sequences at different positions (a batch
+/// bucket of 8, three padding rows), replayed from a CUDA graph and then
+/// launched eagerly: the same logits.
+fn graphs_match_eager(gpu: &mut CudaModel, prompt: &[u32], label: &str) {
+    let mut alloc = BlockAllocator::new(BLOCKS);
+    let lens: Vec<usize> = [3usize, 17, 26, 1, 9].iter().map(|&l| l.min(prompt.len() - 1)).collect();
+    let mut seqs = Vec::new();
+    for &len in &lens {
+        let mut table = Vec::new();
+        alloc.ensure(&mut table, len + 1, BLOCK_SIZE).expect("blocks");
+        gpu.forward(&batch(prompt[..len].to_vec(), 0, &table, LogitsRequest::None)).expect("prefill");
+        seqs.push(SeqInput { tokens: vec![prompt[len]], start_pos: len, block_table: table, logits: LogitsRequest::Last, sampling: None });
+    }
+    let step = ForwardBatch { seqs };
+    gpu.set_cuda_graphs(true);
+    let graphed = gpu.forward(&step).expect("graphed step");
+    let again = gpu.forward(&step).expect("graph replay");
+    gpu.set_cuda_graphs(false);
+    let eager = gpu.forward(&step).expect("eager step");
+    gpu.set_cuda_graphs(true);
+    for (i, ((g, a), e)) in graphed.iter().zip(&again).zip(&eager).enumerate() {
+        assert_eq!(g.len(), e.len(), "{label}: sequence {i}: logits rows");
+        assert!(rel(g, e) < 1e-3, "{label}: sequence {i}: graph vs eager rel err {}", rel(g, e));
+        assert!(rel(a, e) < 1e-3, "{label}: sequence {i}: second replay vs eager rel err {}", rel(a, e));
+    }
+    println!("{label}: a decode step of {} sequences from a CUDA graph matches the eager step", lens.len());
 }
 
 fn sampling(params: SamplingParams) -> Option<SeqSampling> {

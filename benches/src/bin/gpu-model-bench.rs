@@ -6,9 +6,10 @@
 //! - decode: one step for B sequences at position 512 each (their cache
 //!   blocks hold zeros: with random weights the cost does not depend on the
 //!   cache's contents), for B in 1, 8, 32, 64, 128, 256; tokens/s = B / step
-//!   time, median of 10 steps. Every sequence is greedy-sampled: first on
-//!   the GPU (8 bytes back each), then with its logits copied to the host
-//!   instead (the host sampler's own time not counted). Batch 1 also
+//!   time, median of 10 steps. Every sequence is greedy-sampled, three ways:
+//!   from CUDA graphs and on the GPU (the default), without graphs, and
+//!   with the logits copied to the host instead (the host sampler's own time
+//!   not counted). Batch 1 also
 //!   as a fraction of the memory-bandwidth roofline: the weights a step
 //!   streams (every layer and the head, not the embedding lookup) at
 //!   4.8 TB/s, the H200's HBM3e;
@@ -82,11 +83,14 @@ fn tables(seqs: usize, len: usize) -> Vec<Vec<u32>> {
 /// GPU (8 bytes back per sequence) and then with its logits copied to the
 /// host instead (the host sampler's input; its own time not counted).
 fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
-    for on_device in [true, false] {
+    for (graphs, on_device) in [(true, true), (false, true), (true, false)] {
+        model.set_cuda_graphs(graphs);
         model.set_device_sampling(on_device);
-        println!("decode, {}:", if on_device { "sampled on the GPU" } else { "logits copied to the host" });
+        let sampling = if on_device { "sampled on the GPU" } else { "logits copied to the host" };
+        println!("decode, {}, {sampling}:", if graphs { "CUDA graphs" } else { "no graphs" });
         decode_batches(model)?;
     }
+    model.set_cuda_graphs(true);
     model.set_device_sampling(true);
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! attention as its own row with its own causal length.
 
 use super::forward::Plan;
+use super::step::AttentionLaunch;
 use super::CudaModel;
 use crate::error::Result;
 use cudarc::driver::CudaSlice;
@@ -101,10 +102,9 @@ fn decode(model: &CudaModel, p: &Plan, rows: &[usize], tables: &[i32]) -> Result
     Ok(Decode { shape, tables: s.clone_htod(tables)?, context: s.clone_htod(&context)? })
 }
 
-impl Attention {
-    /// `out` = attention of `q` over one layer's cache `k` / `v` (which
-    /// already holds this step's keys and values), every row written once.
-    pub(super) fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
+impl AttentionLaunch for Attention {
+    /// Every row written once.
+    fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
         if let Some(d) = &self.decode {
             g.paged_decode(out, q, k, v, &d.tables, &d.context, d.shape, self.scale)?;
         }

@@ -8,7 +8,8 @@ use crate::error::{EngineError, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use crate::sampling::SampledToken;
-use spindle_kernels::device::RowSampling;
+use super::step::{Inputs, Workspace};
+use spindle_kernels::device::{Gpu, RowSampling};
 use std::ops::Range;
 
 /// The host-side index arrays of one step. Sequences are laid out in step
@@ -113,84 +114,78 @@ impl CudaModel {
 
     fn run(&mut self, batch: &ForwardBatch, device_sampling: bool) -> Result<StepLogits> {
         let p = self.plan(batch)?;
-        let c = self.config.clone();
-        let (t, h, eps) = (p.ids.len(), c.hidden_size, c.rms_norm_eps);
-        let g = &self.gpu;
-        let s = &g.stream;
-        let angles = self.rope.angles(&p.positions);
-        let (cos, sin) = (s.clone_htod(angles.cos())?, s.clone_htod(angles.sin())?);
-        let (ids, slots) = (s.clone_htod(&p.ids)?, s.clone_htod(&p.slots)?);
-        let attention = super::attention::plan(self, &p)?;
-        let zeros = |n: usize| s.alloc_zeros::<bf16>(n);
-        let mut x = zeros(t * h)?;
-        let (mut hn, mut q, mut k, mut v) = (zeros(t * h)?, zeros(t * c.q_dim())?, zeros(t * c.kv_dim())?, zeros(t * c.kv_dim())?);
-        let (mut attn, mut o, mut k_normed) = (zeros(t * c.q_dim())?, zeros(t * h)?, zeros(t * c.kv_dim())?);
-        let (mut gate, mut up, mut act) = (zeros(t * c.intermediate_size)?, zeros(t * c.intermediate_size)?, zeros(t * c.intermediate_size)?);
-        g.embedding(&mut x, &self.embed, &ids, t, h, c.vocab_size as u32)?;
-        let interleaved = self.rope.interleaved();
-        for (li, layer) in self.layers.iter().enumerate() {
-            // The residual add of the previous block is fused into this norm.
-            if li == 0 {
-                g.add_rmsnorm(&mut hn, None, &x, &layer.attn_norm, t, h, eps)?;
-            } else {
-                g.add_rmsnorm(&mut hn, Some(&mut x), &o, &layer.attn_norm, t, h, eps)?;
+        if self.graph_eligible(&p) {
+            // Logits rows are the step's tokens: each sequence's one row.
+            let ranges: Vec<Range<usize>> = p.ranges.iter().map(|r| if r.is_empty() { 0..0 } else { p.rows[r.start] as usize..p.rows[r.start] as usize + 1 }).collect();
+            let device = self.device_rows(batch, &ranges, device_sampling);
+            let vocab = self.config.vocab_size;
+            if let Some(step) = self.run_graph(&p, |g, logits| finish(g, vocab, &ranges, Some(logits), &device))? {
+                return Ok(step);
             }
-            g.gemm(&mut q, &hn, &layer.wq, t, c.q_dim(), h)?;
-            g.gemm(&mut k, &hn, &layer.wk, t, c.kv_dim(), h)?;
-            g.gemm(&mut v, &hn, &layer.wv, t, c.kv_dim(), h)?;
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                g.add_rmsnorm(&mut attn, None, &q, qn, t * c.num_heads, c.head_dim, eps)?;
-                std::mem::swap(&mut q, &mut attn);
-                g.add_rmsnorm(&mut k_normed, None, &k, kn, t * c.num_kv_heads, c.head_dim, eps)?;
-                std::mem::swap(&mut k, &mut k_normed);
-            }
-            g.rope_table(&mut q, &cos, &sin, t, c.num_heads, c.head_dim, interleaved)?;
-            g.rope_table(&mut k, &cos, &sin, t, c.num_kv_heads, c.head_dim, interleaved)?;
-            g.kv_write(&mut self.k_cache[li], &mut self.v_cache[li], &k, &v, &slots, t, c.kv_dim())?;
-            attention.run(g, &mut attn, &q, &self.k_cache[li], &self.v_cache[li])?;
-            g.gemm(&mut o, &attn, &layer.wo, t, h, c.q_dim())?;
-            g.add_rmsnorm(&mut hn, Some(&mut x), &o, &layer.ffn_norm, t, h, eps)?;
-            g.gemm(&mut gate, &hn, &layer.gate, t, c.intermediate_size, h)?;
-            g.gemm(&mut up, &hn, &layer.up, t, c.intermediate_size, h)?;
-            g.silu_mul(&mut act, &gate, &up, t * c.intermediate_size)?;
-            g.gemm(&mut o, &act, &layer.down, t, h, c.intermediate_size)?;
         }
-        g.add_rmsnorm(&mut hn, Some(&mut x), &o, &self.final_norm, t, h, eps)?;
-        let device = if device_sampling { super::sample::device_rows(batch, &p.ranges) } else { vec![None; batch.seqs.len()] };
-        self.logits(&p, &hn, &device)
+        let t = p.ids.len();
+        let s = &self.gpu.stream;
+        let angles = self.rope.angles(&p.positions);
+        let inputs = Inputs { ids: s.clone_htod(&p.ids)?, slots: s.clone_htod(&p.slots)?, cos: s.clone_htod(angles.cos())?, sin: s.clone_htod(angles.sin())? };
+        let attention = super::attention::plan(self, &p)?;
+        let mut ws = match self.workspace.take() {
+            Some(ws) if ws.capacity >= t => ws,
+            _ => Workspace::new(&self.gpu, &self.config, t)?,
+        };
+        let pass = self.layer_pass(&mut ws, &inputs, &attention, t);
+        let logits = pass.and_then(|()| self.eager_logits(&p, &ws.hn));
+        self.workspace = Some(ws);
+        let mut logits = logits?;
+        let device = self.device_rows(batch, &p.ranges, device_sampling);
+        finish(&self.gpu, self.config.vocab_size, &p.ranges, logits.as_mut(), &device)
     }
 
-    /// The wanted rows of the final hidden states through the output head.
-    /// Sequences in `device` sample there; the rest get their rows of logits.
-    fn logits(&self, p: &Plan, hidden: &CudaSlice<bf16>, device: &[Option<RowSampling>]) -> Result<StepLogits> {
+    fn device_rows(&self, batch: &ForwardBatch, ranges: &[Range<usize>], on: bool) -> Vec<Option<RowSampling>> {
+        if on {
+            super::sample::device_rows(batch, ranges)
+        } else {
+            vec![None; batch.seqs.len()]
+        }
+    }
+
+    /// The wanted rows of the final hidden states through the output head
+    /// (rows in `p.rows` order), or `None` when no row is wanted.
+    fn eager_logits(&self, p: &Plan, hidden: &CudaSlice<bf16>) -> Result<Option<CudaSlice<f32>>> {
         let (g, vocab, h) = (&self.gpu, self.config.vocab_size, self.config.hidden_size);
         let r = p.rows.len();
-        let mut host = Vec::new();
-        let mut sampled: Vec<Option<SampledToken>> = vec![None; p.ranges.len()];
-        if r > 0 {
-            let rows = g.stream.clone_htod(&p.rows)?;
-            let mut picked = g.stream.alloc_zeros::<bf16>(r * h)?;
-            g.embedding(&mut picked, hidden, &rows, r, h, p.ids.len() as u32)?;
-            let mut logits = g.stream.alloc_zeros::<f32>(r * vocab)?;
-            g.gemm(&mut logits, &picked, self.lm_head.as_ref().unwrap_or(&self.embed), r, vocab, h)?;
-            let wanted: Vec<(usize, RowSampling)> = device.iter().enumerate().filter_map(|(i, d)| d.map(|d| (i, d))).collect();
-            let rows: Vec<RowSampling> = wanted.iter().map(|&(_, d)| d).collect();
-            for ((seq, _), s) in wanted.iter().zip(g.sample_rows(&mut logits, vocab, &rows)?) {
-                sampled[*seq] = Some(SampledToken { token: s.token, logprob: s.logprob, top_logprobs: Vec::new() });
-            }
-            let host_needed = p.ranges.iter().zip(&sampled).any(|(range, s)| s.is_none() && !range.is_empty());
-            if host_needed {
-                host = g.stream.clone_dtoh(&logits)?;
-            }
+        if r == 0 {
+            return Ok(None);
         }
-        let logits = p
-            .ranges
-            .iter()
-            .zip(&sampled)
-            .map(|(range, s)| if s.is_some() || range.is_empty() { Vec::new() } else { host[range.start * vocab..range.end * vocab].to_vec() })
-            .collect();
-        Ok(StepLogits { logits, sampled })
+        let rows = g.stream.clone_htod(&p.rows)?;
+        let mut picked = g.stream.alloc_zeros::<bf16>(r * h)?;
+        g.embedding(&mut picked, hidden, &rows, r, h, p.ids.len() as u32)?;
+        let mut logits = g.stream.alloc_zeros::<f32>(r * vocab)?;
+        g.gemm(&mut logits, &picked, self.lm_head.as_ref().unwrap_or(&self.embed), r, vocab, h)?;
+        Ok(Some(logits))
     }
+}
+
+/// Per sequence (its rows of `logits` in `ranges`): sampled on the GPU where
+/// `device` says so, else its logits copied to the host.
+fn finish(g: &Gpu, vocab: usize, ranges: &[Range<usize>], logits: Option<&mut CudaSlice<f32>>, device: &[Option<RowSampling>]) -> Result<StepLogits> {
+    let mut host = Vec::new();
+    let mut sampled: Vec<Option<SampledToken>> = vec![None; ranges.len()];
+    if let Some(logits) = logits {
+        let wanted: Vec<(usize, RowSampling)> = device.iter().enumerate().filter_map(|(i, d)| d.map(|d| (i, d))).collect();
+        let rows: Vec<RowSampling> = wanted.iter().map(|&(_, d)| d).collect();
+        for ((seq, _), s) in wanted.iter().zip(g.sample_rows(logits, vocab, &rows)?) {
+            sampled[*seq] = Some(SampledToken { token: s.token, logprob: s.logprob, top_logprobs: Vec::new() });
+        }
+        if ranges.iter().zip(&sampled).any(|(range, s)| s.is_none() && !range.is_empty()) {
+            host = g.stream.clone_dtoh(&*logits)?;
+        }
+    }
+    let logits = ranges
+        .iter()
+        .zip(&sampled)
+        .map(|(range, s)| if s.is_some() || range.is_empty() { Vec::new() } else { host[range.start * vocab..range.end * vocab].to_vec() })
+        .collect();
+    Ok(StepLogits { logits, sampled })
 }
 
 /// A step's results: per sequence, its logits on the host, or the token the

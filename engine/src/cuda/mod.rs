@@ -14,7 +14,9 @@
 
 mod attention;
 mod forward;
+mod graphs;
 mod sample;
+mod step;
 mod weights;
 
 pub use forward::StepLogits;
@@ -63,7 +65,7 @@ pub enum KvSize {
 }
 
 /// Device memory kept free for a step's activations and logits.
-pub const WORKSPACE_BYTES: usize = 1 << 30;
+pub const WORKSPACE_BYTES: usize = 2 << 30;
 
 /// A model on the GPU with its KV cache.
 pub struct CudaModel {
@@ -80,6 +82,10 @@ pub struct CudaModel {
     num_blocks: usize,
     /// Whether [`Self::forward_step`] samples on the GPU where it can.
     device_sampling: bool,
+    /// Activation buffers of eager steps, kept for the next one.
+    workspace: Option<step::Workspace>,
+    /// CUDA graphs of decode steps.
+    graphs: graphs::DecodeGraphs,
 }
 
 impl std::fmt::Debug for CudaModel {
@@ -140,6 +146,8 @@ impl CudaModel {
             block_size,
             num_blocks,
             device_sampling: std::env::var_os("SPINDLE_HOST_SAMPLING").is_none(),
+            workspace: None,
+            graphs: graphs::DecodeGraphs::new(),
         })
     }
 
@@ -166,6 +174,12 @@ impl CudaModel {
     /// copy logits to the host.
     pub fn set_device_sampling(&mut self, on: bool) {
         self.device_sampling = on;
+    }
+
+    /// Replay decode steps from CUDA graphs (the default;
+    /// `SPINDLE_CUDA_GRAPHS=0` at start turns it off), or launch every kernel.
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
     }
 
     /// The model's hyper-parameters.

@@ -17,6 +17,17 @@ const SCRATCH_BYTES: usize = 256 << 20;
 /// gridDim.y limit.
 const MAX_GRID_Y: usize = 65_535;
 
+/// Split-K partials of decode attention, reusable across calls of a shape
+/// that fits them (see [`Gpu::decode_scratch`]).
+#[derive(Debug)]
+pub struct DecodeScratch {
+    out: CudaSlice<f32>,
+    max: CudaSlice<f32>,
+    sum: CudaSlice<f32>,
+    partials: usize,
+    head_dim: usize,
+}
+
 /// The geometry of one decode attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeShape {
@@ -100,10 +111,24 @@ impl Gpu {
         Ok(())
     }
 
-    /// Decode attention: `out[s, h] = softmax(scale · q[s, h] · K_s) · V_s`
-    /// over the first `context_lens[s]` tokens of sequence `s`'s blocks
-    /// (`block_tables` is `[seqs, max_blocks]`), GQA by `heads / kv_heads`.
-    /// `q` and `out` are `[seqs, heads, head_dim]`.
+    /// Split-K partials for decode attention of `shape` (`None` when the
+    /// context fits one partition), for [`Self::paged_decode_in`].
+    pub fn decode_scratch(&self, shape: &DecodeShape) -> Result<Option<DecodeScratch>, CudaError> {
+        let parts = shape.partitions();
+        if parts <= 1 {
+            return Ok(None);
+        }
+        let partials = shape.chunk() * shape.heads * parts;
+        // SAFETY: uninitialized scratch; the decode kernel writes every entry
+        // (partitions past a sequence's context included) before the
+        // reduction reads the ones it uses.
+        let (out, max, sum) = unsafe {
+            (self.stream.alloc::<f32>(partials * shape.head_dim)?, self.stream.alloc::<f32>(partials)?, self.stream.alloc::<f32>(partials)?)
+        };
+        Ok(Some(DecodeScratch { out, max, sum, partials, head_dim: shape.head_dim }))
+    }
+
+    /// [`Self::paged_decode_in`] with scratch allocated for this call.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode(
         &self,
@@ -115,6 +140,33 @@ impl Gpu {
         context_lens: &CudaSlice<i32>,
         shape: DecodeShape,
         scale: f32,
+    ) -> Result<(), CudaError> {
+        if shape.seqs == 0 || shape.heads == 0 {
+            return Ok(());
+        }
+        shape.check()?;
+        let scratch = self.decode_scratch(&shape)?;
+        self.paged_decode_in(out, q, k_cache, v_cache, block_tables, context_lens, shape, scale, scratch.as_ref())
+    }
+
+    /// Decode attention: `out[s, h] = softmax(scale · q[s, h] · K_s) · V_s`
+    /// over the first `context_lens[s]` tokens of sequence `s`'s blocks
+    /// (`block_tables` is `[seqs, max_blocks]`), GQA by `heads / kv_heads`.
+    /// `q` and `out` are `[seqs, heads, head_dim]`.
+    /// Allocates nothing (it can be captured into a CUDA graph): a split
+    /// context needs `scratch` from [`Self::decode_scratch`] for this shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_decode_in(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        q: &CudaSlice<bf16>,
+        k_cache: &CudaSlice<bf16>,
+        v_cache: &CudaSlice<bf16>,
+        block_tables: &CudaSlice<i32>,
+        context_lens: &CudaSlice<i32>,
+        shape: DecodeShape,
+        scale: f32,
+        scratch: Option<&DecodeScratch>,
     ) -> Result<(), CudaError> {
         let decode = self.function("paged_decode_bf16")?;
         let reduce = self.function("decode_reduce_bf16")?;
@@ -132,16 +184,15 @@ impl Gpu {
         let chunk = shape.chunk();
         let (max_blocks, heads, kv_heads) = (int(shape.max_blocks)?, int(shape.heads)?, int(shape.kv_heads)?);
         let (head_dim, block_size, parts32) = (int(shape.head_dim)?, int(shape.block_size)?, int(parts)?);
-        let partials = chunk * shape.heads * parts;
-        // SAFETY: uninitialized scratch; the decode kernel writes every entry
-        // (partitions past a sequence's context included) before the
-        // reduction reads the ones it uses.
-        let work = if parts > 1 {
-            Some(unsafe {
-                (self.stream.alloc::<f32>(partials * shape.head_dim)?, self.stream.alloc::<f32>(partials)?, self.stream.alloc::<f32>(partials)?)
-            })
-        } else {
-            None
+        let work = match scratch {
+            Some(w) if parts > 1 => {
+                if w.partials < chunk * shape.heads * parts || w.head_dim < shape.head_dim {
+                    return Err(CudaError::Shape(format!("decode scratch of {} partials is too small for {shape:?}", w.partials)));
+                }
+                Some((&w.out, &w.max, &w.sum))
+            }
+            None if parts > 1 => return Err(CudaError::Shape(format!("{shape:?} splits the context and needs scratch"))),
+            _ => None,
         };
         let null = 0u64;
         for base in (0..shape.seqs).step_by(chunk) {
@@ -151,7 +202,7 @@ impl Gpu {
             let mut launch = self.stream.launch_builder(decode);
             launch.arg(&mut *out);
             match &work {
-                Some((o, m, s)) => launch.arg(o).arg(m).arg(s),
+                Some((o, m, s)) => launch.arg(*o).arg(*m).arg(*s),
                 None => launch.arg(&null).arg(&null).arg(&null),
             };
             launch.arg(q).arg(k_cache).arg(v_cache).arg(block_tables).arg(context_lens);
@@ -164,7 +215,7 @@ impl Gpu {
             if let Some((o, m, s)) = &work {
                 let cfg = LaunchConfig { grid_dim: (heads as u32, n, 1), block_dim: (super::row_block(shape.head_dim), 1, 1), shared_mem_bytes: 0 };
                 let mut launch = self.stream.launch_builder(reduce);
-                launch.arg(&mut *out).arg(o).arg(m).arg(s).arg(context_lens).arg(&heads).arg(&head_dim).arg(&parts32).arg(&base32);
+                launch.arg(&mut *out).arg(*o).arg(*m).arg(*s).arg(context_lens).arg(&heads).arg(&head_dim).arg(&parts32).arg(&base32);
                 // SAFETY: as above; the reduction reads what this chunk's decode wrote.
                 unsafe { launch.launch(cfg) }?;
             }

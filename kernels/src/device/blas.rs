@@ -13,6 +13,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub(crate) struct Blas {
     handle: Option<CudaBlas>,
+    /// The handle's workspace (it must outlive the handle's use).
+    #[allow(dead_code)]
+    workspace: Option<CudaSlice<u8>>,
     stream: Arc<CudaStream>,
     /// Why cuBLAS is not used (`None` when it is).
     pub(crate) unavailable: Option<String>,
@@ -24,35 +27,38 @@ pub fn cublas_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// cuBLAS's workspace, set up front so that GEMMs can be captured into a
+/// CUDA graph (cuBLAS may not allocate during capture); 32 MiB as NVIDIA
+/// recommends for Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
 impl Blas {
     /// A handle on `stream`, or the reason there is none.
     pub(crate) fn open(stream: &Arc<CudaStream>) -> Self {
+        let off = |why: String| Self { handle: None, workspace: None, stream: stream.clone(), unavailable: Some(why) };
         if std::env::var_os("SPINDLE_NO_CUBLAS").is_some() {
-            return Self {
-                handle: None,
-                stream: stream.clone(),
-                unavailable: Some("turned off by SPINDLE_NO_CUBLAS".into()),
-            };
+            return off("turned off by SPINDLE_NO_CUBLAS".into());
         }
         if !cublas_present() {
-            return Self {
-                handle: None,
-                stream: stream.clone(),
-                unavailable: Some("no libcublas.so (13, or an older major) on the library path".into()),
-            };
+            return off("no libcublas.so (13, or an older major) on the library path".into());
         }
-        match CudaBlas::new(stream.clone()) {
-            Ok(handle) => Self {
-                handle: Some(handle),
-                stream: stream.clone(),
-                unavailable: None,
-            },
-            Err(e) => Self {
-                handle: None,
-                stream: stream.clone(),
-                unavailable: Some(format!("cublasCreate failed: {e}")),
-            },
+        let handle = match CudaBlas::new(stream.clone()) {
+            Ok(handle) => handle,
+            Err(e) => return off(format!("cublasCreate failed: {e}")),
+        };
+        let workspace = match stream.alloc_zeros::<u8>(WORKSPACE_BYTES) {
+            Ok(w) => w,
+            Err(e) => return off(format!("no memory for its workspace: {e}")),
+        };
+        let status = {
+            let (ptr, _sync) = workspace.device_ptr(stream);
+            // SAFETY: a live device buffer of WORKSPACE_BYTES, kept as long as the handle.
+            unsafe { sys::cublasSetWorkspace_v2(*handle.handle(), ptr as *mut _, WORKSPACE_BYTES) }
+        };
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return off(format!("cublasSetWorkspace failed: {status:?}"));
         }
+        Self { handle: Some(handle), workspace: Some(workspace), stream: stream.clone(), unavailable: None }
     }
 
     /// Whether cuBLAS runs the GEMMs.

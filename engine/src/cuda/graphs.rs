@@ -1,0 +1,235 @@
+//! CUDA graphs for decode steps. A step of single-token sequences (at most
+//! 256, contexts within 8192 tokens) is padded up to a batch bucket (1, 2,
+//! 4, …, 256) and a context bucket (a power of two of blocks), and replays
+//! a graph captured once per bucket pair: one launch instead of a dozen per
+//! layer. Each batch bucket owns static buffers (activations, index arrays,
+//! split-K scratch, logits) that the graph's kernels were captured with; a
+//! step copies its inputs into them and launches. Padding rows write no
+//! cache slot (slot -1) and attend to one position. Turned off by
+//! `SPINDLE_CUDA_GRAPHS=0`, and for good if a capture fails (the step then
+//! runs eagerly, and the log says why).
+
+use super::forward::Plan;
+use super::step::{AttentionLaunch, Inputs, Workspace};
+use super::CudaModel;
+use crate::error::{EngineError, Result};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
+use half::bf16;
+use spindle_kernels::device::{DecodeScratch, DecodeShape, Gpu};
+use std::collections::HashMap;
+
+/// Batch sizes decode graphs are captured at.
+const BATCH_BUCKETS: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+/// The longest context a graphed step attends over.
+const MAX_GRAPH_CONTEXT: usize = 8192;
+
+/// Decode graphs and their buffers, per batch bucket.
+pub(super) struct DecodeGraphs {
+    enabled: bool,
+    buckets: Vec<Option<Bucket>>,
+}
+
+impl std::fmt::Debug for DecodeGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let captured: usize = self.buckets.iter().flatten().map(|b| b.graphs.len()).sum();
+        f.debug_struct("DecodeGraphs").field("enabled", &self.enabled).field("captured", &captured).finish()
+    }
+}
+
+/// One batch bucket's static buffers and its graphs by context bucket.
+struct Bucket {
+    size: usize,
+    ws: Workspace,
+    inputs: Inputs,
+    tables: CudaSlice<i32>,
+    context: CudaSlice<i32>,
+    scratch: Option<DecodeScratch>,
+    logits: CudaSlice<f32>,
+    graphs: HashMap<usize, OwnedGraph>,
+}
+
+/// A captured graph, owned by one model.
+struct OwnedGraph(CudaGraph);
+
+// SAFETY: a graph is only touched through its model, which one thread owns
+// at a time (`&mut` access); CUDA forbids concurrent use of a graph, not
+// moving it between threads, and launching binds the context first.
+unsafe impl Send for OwnedGraph {}
+
+/// Decode attention over a bucket's static tables.
+struct GraphAttention<'a> {
+    shape: DecodeShape,
+    tables: &'a CudaSlice<i32>,
+    context: &'a CudaSlice<i32>,
+    scratch: Option<&'a DecodeScratch>,
+    scale: f32,
+}
+
+impl AttentionLaunch for GraphAttention<'_> {
+    fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
+        g.paged_decode_in(out, q, k, v, self.tables, self.context, self.shape, self.scale, self.scratch)?;
+        Ok(())
+    }
+}
+
+impl DecodeGraphs {
+    /// Graphs on unless `SPINDLE_CUDA_GRAPHS=0`.
+    pub(super) fn new() -> Self {
+        let enabled = std::env::var("SPINDLE_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        Self { enabled, buckets: (0..BATCH_BUCKETS.len()).map(|_| None).collect() }
+    }
+
+    /// Turns graphs on or off (off drops every graph and buffer).
+    pub(super) fn set_enabled(&mut self, on: bool) {
+        self.enabled = on;
+        if !on {
+            self.buckets.iter_mut().for_each(|b| *b = None);
+        }
+    }
+}
+
+/// The bucket index for `n` sequences.
+fn batch_bucket(n: usize) -> Option<usize> {
+    BATCH_BUCKETS.iter().position(|&b| b >= n)
+}
+
+impl CudaModel {
+    fn max_graph_blocks(&self) -> usize {
+        MAX_GRAPH_CONTEXT.div_ceil(self.block_size)
+    }
+
+    /// Whether `p` is a step a decode graph runs.
+    pub(super) fn graph_eligible(&self, p: &Plan) -> bool {
+        let n = p.start_pos.len();
+        self.graphs.enabled && n > 0 && p.decode_seqs == n && batch_bucket(n).is_some() && p.max_blocks <= self.max_graph_blocks()
+    }
+
+    /// Runs the decode step `p` through its graph (capturing it first if
+    /// need be) and hands its logits (rows = the step's tokens) to `finish`.
+    /// On a capture failure graphs are turned off and `None` comes back, so
+    /// the caller runs the step eagerly.
+    pub(super) fn run_graph<R>(&mut self, p: &Plan, finish: impl FnOnce(&Gpu, &mut CudaSlice<f32>) -> Result<R>) -> Result<Option<R>> {
+        let Some(index) = batch_bucket(p.start_pos.len()) else { return Ok(None) };
+        let mut bucket = match self.graphs.buckets[index].take() {
+            Some(b) => b,
+            None => self.new_bucket(BATCH_BUCKETS[index])?,
+        };
+        let blocks = p.max_blocks.max(1).next_power_of_two().max(256_usize.div_ceil(self.block_size)).min(self.max_graph_blocks());
+        let result = self.replay(&mut bucket, p, blocks);
+        let out = match result {
+            Ok(true) => finish(&self.gpu, &mut bucket.logits).map(Some),
+            Ok(false) => Ok(None),
+            Err(e) => Err(e),
+        };
+        if self.graphs.enabled {
+            self.graphs.buckets[index] = Some(bucket);
+        }
+        out
+    }
+
+    fn new_bucket(&self, size: usize) -> Result<Bucket> {
+        let c = &self.config;
+        let s = &self.gpu.stream;
+        let cap_blocks = self.max_graph_blocks();
+        let half = c.head_dim / 2;
+        let widest = DecodeShape {
+            seqs: size,
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: self.block_size,
+            max_blocks: cap_blocks,
+            max_context: cap_blocks * self.block_size,
+        };
+        Ok(Bucket {
+            size,
+            ws: Workspace::new(&self.gpu, c, size)?,
+            inputs: Inputs { ids: s.alloc_zeros(size)?, slots: s.alloc_zeros(size)?, cos: s.alloc_zeros(size * half)?, sin: s.alloc_zeros(size * half)? },
+            tables: s.alloc_zeros(size * cap_blocks)?,
+            context: s.alloc_zeros(size)?,
+            scratch: self.gpu.decode_scratch(&widest)?,
+            logits: s.alloc_zeros(size * c.vocab_size)?,
+            graphs: HashMap::new(),
+        })
+    }
+
+    /// Copies `p`'s inputs into the bucket (padded) and launches the graph
+    /// for `blocks`. `Ok(false)`: the capture failed and graphs are now off.
+    fn replay(&mut self, bucket: &mut Bucket, p: &Plan, blocks: usize) -> Result<bool> {
+        self.fill(bucket, p, blocks)?;
+        if !bucket.graphs.contains_key(&blocks) {
+            match self.capture(bucket, blocks) {
+                Ok(graph) => {
+                    bucket.graphs.insert(blocks, OwnedGraph(graph));
+                }
+                Err(e) => {
+                    tracing::warn!("CUDA graph capture failed, decode steps run without graphs from now on: {e}");
+                    self.graphs.set_enabled(false);
+                    return Ok(false);
+                }
+            }
+        }
+        let graph = bucket.graphs.get(&blocks).ok_or_else(|| EngineError::Backend("decode graph missing after capture".into()))?;
+        graph.0.launch()?;
+        Ok(true)
+    }
+
+    /// The step's inputs, padded to the bucket: ids 0, slots -1, position 0,
+    /// block tables of zeros and contexts of 1 for the padding rows.
+    fn fill(&self, bucket: &mut Bucket, p: &Plan, blocks: usize) -> Result<()> {
+        let (n, size) = (p.ids.len(), bucket.size);
+        let s = &self.gpu.stream;
+        let mut ids = p.ids.clone();
+        ids.resize(size, 0);
+        let mut slots = p.slots.clone();
+        slots.resize(size, -1);
+        let mut positions = p.positions.clone();
+        positions.resize(size, 0);
+        let angles = self.rope.angles(&positions);
+        let mut tables = vec![0i32; size * blocks];
+        for row in 0..n {
+            let seq = p.seq_of[row];
+            let src = &p.tables[seq * p.max_blocks..(seq + 1) * p.max_blocks];
+            tables[row * blocks..row * blocks + p.max_blocks].copy_from_slice(src);
+        }
+        let mut context: Vec<i32> = p.positions.iter().map(|&pos| (pos + 1) as i32).collect();
+        context.resize(size, 1);
+        s.memcpy_htod(&ids, &mut bucket.inputs.ids)?;
+        s.memcpy_htod(&slots, &mut bucket.inputs.slots)?;
+        s.memcpy_htod(angles.cos(), &mut bucket.inputs.cos)?;
+        s.memcpy_htod(angles.sin(), &mut bucket.inputs.sin)?;
+        s.memcpy_htod(&tables, &mut bucket.tables)?;
+        s.memcpy_htod(&context, &mut bucket.context)?;
+        Ok(())
+    }
+
+    /// Records the bucket's whole step (layers, final norm, output head) at
+    /// `blocks` into a graph.
+    fn capture(&mut self, bucket: &mut Bucket, blocks: usize) -> Result<CudaGraph> {
+        let c = &self.config;
+        let shape = DecodeShape {
+            seqs: bucket.size,
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: self.block_size,
+            max_blocks: blocks,
+            max_context: blocks * self.block_size,
+        };
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let (vocab, h, size) = (c.vocab_size, c.hidden_size, bucket.size);
+        let stream = self.gpu.stream.clone();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let attention = GraphAttention { shape, tables: &bucket.tables, context: &bucket.context, scratch: bucket.scratch.as_ref(), scale };
+        let mut pass = self.layer_pass(&mut bucket.ws, &bucket.inputs, &attention, size);
+        if pass.is_ok() {
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+            pass = self.gpu.gemm(&mut bucket.logits, &bucket.ws.hn, head, size, vocab, h).map_err(EngineError::from);
+        }
+        // The capture must end whatever happened inside it.
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        pass?;
+        graph?.ok_or_else(|| EngineError::Backend("stream capture produced no graph".into()))
+    }
+}
