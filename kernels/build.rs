@@ -61,11 +61,14 @@ fn compile(nvcc: &Path, src: &Path, mode: &[&str], output: &Path) {
     assert!(status.success(), "nvcc failed on {}", src.display());
 }
 
-/// Names of `extern "C" __global__ void name(` kernels in a source file.
+/// Names of `extern "C" __global__ void [__launch_bounds__(N)] name(`
+/// kernels in a source file.
 fn kernel_names(source: &str) -> Vec<String> {
     source
         .split("extern \"C\" __global__ void ")
         .skip(1)
+        // `__launch_bounds__(N)` may come before the name.
+        .map(|rest| rest.strip_prefix("__launch_bounds__(").and_then(|r| r.split_once(')')).map_or(rest, |(_, r)| r))
         .filter_map(|rest| rest.split('(').next())
         .map(|n| n.trim().to_string())
         .collect()

@@ -11,7 +11,8 @@
 // top-k, then top-p measured on the top-k set, then min-p (p >= min_p),
 // and the token at u · mass of the kept set, in id order. Thresholds are
 // found by bisection over the float bit patterns of p, so the vocabulary is
-// never sorted. A sampled row's logits are overwritten with p.
+// never sorted; ties at a cut keep the lowest ids, as the host does. A
+// sampled row's logits are overwritten with p.
 #include "common.cuh"
 #include <float.h>
 #include <limits.h>
@@ -130,7 +131,7 @@ __device__ float block_exclusive_scan(float w) {
 // (of `vocab` values) with temperature[i], top_k[i] (0 = off), top_p[i]
 // (1 = off), min_p[i] (0 = off) and the uniform draw uniform[i] in [0, 1);
 // writes tokens[i] and logprobs[i]. Every rows[i] is distinct.
-extern "C" __global__ void sample_rows_f32(int* __restrict__ tokens, float* __restrict__ logprobs, float* __restrict__ logits,
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows_f32(int* __restrict__ tokens, float* __restrict__ logprobs, float* __restrict__ logits,
                                            const int* __restrict__ rows, const float* __restrict__ temperature,
                                            const int* __restrict__ top_k, const float* __restrict__ top_p,
                                            const float* __restrict__ min_p, const float* __restrict__ uniform, int vocab) {
@@ -162,56 +163,94 @@ extern "C" __global__ void sample_rows_f32(int* __restrict__ tokens, float* __re
         const float inv_t = 1.0f / T;
         for (int t = threadIdx.x; t < vocab; t += blockDim.x) l[t] = __expf(((flat ? 0.0f : sanitized(l[t])) - mx) * inv_t);
         __syncthreads();
-        // Keep p >= float(lo): top-k first (the largest cut keeping at least K).
-        unsigned lo = 0, hi = ONE_BITS + 1;
-        int count;
-        float mass;
-        if (K > 0 && K < vocab) {
+        // The kept set is a prefix of the order (p descending, id ascending),
+        // written as: every p above `cut`, and the first `quota` ids whose p
+        // equals `cut` (the host's tie-break). Without truncation: all p > 0.
+        unsigned cut = 0;
+        int quota = INT_MAX;
+        int count, count_gt;
+        float mass, mass_gt;
+        kept(l, vocab, 1, count, mass);  // every positive p
+        int length = count;
+        float prefix_mass = mass;
+        if (K > 0 && K < length) {
+            // The K-th largest p: the highest cut keeping at least K.
+            unsigned lo = 1, hi = ONE_BITS + 1;
             while (hi - lo > 1) {
                 const unsigned mid = lo + (hi - lo) / 2;
                 kept(l, vocab, mid, count, mass);
                 if (count >= K) lo = mid; else hi = mid;
             }
+            kept(l, vocab, lo + 1, count_gt, mass_gt);
+            cut = lo;
+            quota = K - count_gt;
+            length = K;
+            prefix_mass = mass_gt + quota * __uint_as_float(lo);
         }
-        kept(l, vocab, lo, count, mass);
-        // Top-p on the top-k set: the largest cut whose mass still reaches P of it.
         const float P = top_p[i];
         if (P < 1.0f) {
-            const float target = P * mass;
-            hi = ONE_BITS + 1;
+            // Top-p on the top-k prefix: the highest cut whose mass reaches P of it.
+            const float target = P * prefix_mass;
+            unsigned lo = cut > 0 ? cut : 1, hi = ONE_BITS + 1;
             while (hi - lo > 1) {
                 const unsigned mid = lo + (hi - lo) / 2;
                 kept(l, vocab, mid, count, mass);
-                if (mass >= target && count > 0) lo = mid; else hi = mid;
+                if (mass >= target) lo = mid; else hi = mid;
+            }
+            kept(l, vocab, lo + 1, count_gt, mass_gt);
+            const float v = __uint_as_float(lo);
+            // The fewest ties at `lo` that reach the target (at least one).
+            int need = max(1, (int)fminf(ceilf((target - mass_gt) / v), 1073741824.0f));
+            const int ties = (lo == cut ? quota : INT_MAX);
+            kept(l, vocab, lo, count, mass);
+            need = min(need, min(ties, count - count_gt));
+            if (count_gt + need < length) {
+                cut = lo;
+                quota = need;
+                length = count_gt + need;
             }
         }
-        // Min-p relative to the most likely token (p = 1).
+        // Min-p relative to the most likely token (p = 1): all p >= min_p.
         const float mp = min_p[i];
-        if (mp > 0.0f) lo = max(lo, __float_as_uint(mp));
-        kept(l, vocab, lo, count, mass);
-        // The draw: each thread owns a contiguous run of ids; the run whose
-        // prefix interval holds u · mass scans for the token.
+        if (mp > 0.0f) {
+            kept(l, vocab, __float_as_uint(mp), count, mass);
+            if (count < length) {
+                cut = __float_as_uint(mp);
+                quota = INT_MAX;
+                length = count;
+            }
+        }
+        // The draw: each thread owns a contiguous run of ids; ties at `cut`
+        // are ranked in id order across the runs.
         const int run = (vocab + blockDim.x - 1) / blockDim.x;
         const int first = threadIdx.x * run, last = min(first + run, vocab);
+        int my_ties = 0;
+        for (int t = first; t < last; ++t) my_ties += (__float_as_uint(l[t]) == cut && l[t] > 0.0f);
+        const int ties_before = (int)block_exclusive_scan((float)my_ties);
         float w = 0.0f;
-        int last_kept = -1;
+        int rank = ties_before, last_kept = -1;
         for (int t = first; t < last; ++t) {
             const float v = l[t];
-            if (__float_as_uint(v) >= lo && v > 0.0f) {
+            const unsigned b = __float_as_uint(v);
+            const bool keep = v > 0.0f && (b > cut || (b == cut && rank++ < quota));
+            if (keep) {
                 w += v;
                 last_kept = t;
             }
         }
         const float before = block_exclusive_scan(w);
-        const float target = uniform[i] * mass;
-        if (threadIdx.x == 0) chosen = INT_MAX;
-        __syncthreads();
-        if (w > 0.0f && before <= target && target < before + w) {
+        const float total = block_sum(w);
+        const float target = uniform[i] * total;
+        // Exactly one owner: the last run with weight that starts at or below the target.
+        const int owner = block_max_int(w > 0.0f && before <= target ? (int)threadIdx.x : -1);
+        if ((int)threadIdx.x == owner) {
             float acc = before;
             int pick = last_kept;
+            rank = ties_before;
             for (int t = first; t < last; ++t) {
                 const float v = l[t];
-                if (__float_as_uint(v) >= lo && v > 0.0f) {
+                const unsigned b = __float_as_uint(v);
+                if (v > 0.0f && (b > cut || (b == cut && rank++ < quota))) {
                     acc += v;
                     if (target < acc) {
                         pick = t;
@@ -219,10 +258,10 @@ extern "C" __global__ void sample_rows_f32(int* __restrict__ tokens, float* __re
                     }
                 }
             }
-            atomicMin(&chosen, pick);
+            chosen = pick;
         }
-        const int fallback = block_max_int(last_kept);  // (synchronizes: `chosen` is final)
-        token = chosen != INT_MAX ? chosen : (fallback >= 0 ? fallback : arg);
+        __syncthreads();
+        token = owner >= 0 ? chosen : arg;
         if (threadIdx.x == 0) {
             // logprob from p: l = mx + T · ln p (p > 0 for any kept token).
             const float p = l[token];

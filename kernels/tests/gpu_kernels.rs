@@ -417,20 +417,43 @@ fn truncated_distribution(logits: &[f32], t: f32, top_k: usize, top_p: f32, min_
 fn sampling_on_the_device_draws_the_host_samplers_distribution() {
     use spindle_kernels::device::RowSampling;
     let Some(g) = gpu() else { return };
-    let vocab = 1000;
-    let logits: Vec<f32> = f32s(&random(vocab, 31, 6.0));
+    // 5003 ids (five per thread, not a multiple of the block); bf16-rounded
+    // logits tie often, so the cuts must break ties by id as the host does.
+    let vocab = 5003;
+    let varied: Vec<f32> = f32s(&random(vocab, 31, 6.0));
+    let flat = vec![0.5f32; vocab];
     // A sweep of uniforms turns the draw into its quantile function: each
-    // token must come up in proportion to its probability, within 1/N.
+    // token must come up in proportion to its probability, within 1/N, and
+    // each draw must land in its token's interval of the id-ordered CDF.
     let n = 4000;
-    for (t, top_k, top_p, min_p) in [(0.7, 0, 1.0, 0.0), (1.0, 50, 1.0, 0.0), (1.3, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.05), (0.8, 100, 0.8, 0.01), (1.0, 3, 1.0, 0.0)] {
+    let cases: [(&[f32], f32, usize, f32, f32); 8] = [
+        (&varied, 0.7, 0, 1.0, 0.0),
+        (&varied, 1.0, 50, 1.0, 0.0),
+        (&varied, 1.3, 0, 0.9, 0.0),
+        (&varied, 1.0, 0, 1.0, 0.05),
+        (&varied, 0.8, 100, 0.8, 0.01),
+        (&varied, 1.0, 3, 1.0, 0.0),
+        (&flat, 1.0, 3, 1.0, 0.0),
+        (&flat, 1.0, 0, 0.5, 0.0),
+    ];
+    for (logits, t, top_k, top_p, min_p) in cases {
         let mut d = g.stream.clone_htod(&logits.repeat(n)).unwrap();
-        let rows: Vec<RowSampling> =
-            (0..n).map(|i| RowSampling { row: i, temperature: t, top_k, top_p, min_p, uniform: (i as f64 + 0.5) / n as f64 }).collect();
+        // Rows in a scrambled order, so a kernel reading row i for block i fails.
+        let rows: Vec<RowSampling> = (0..n)
+            .map(|i| RowSampling { row: (i * 7 + 3) % n, temperature: t, top_k, top_p, min_p, uniform: (i as f64 + 0.5) / n as f64 })
+            .collect();
         let got = g.sample_rows(&mut d, vocab, &rows).unwrap();
-        let expected = truncated_distribution(&logits, t, top_k, top_p, min_p);
+        let expected = truncated_distribution(logits, t, top_k, top_p, min_p);
+        let case = format!("t {t} k {top_k} p {top_p} min_p {min_p} flat {}", logits[0] == logits[1]);
         let mut counts = vec![0usize; vocab];
-        for s in &got {
-            counts[s.token as usize] += 1;
+        let mut cdf = vec![0.0f64; vocab + 1];
+        for (tok, q) in expected.iter().enumerate() {
+            cdf[tok + 1] = cdf[tok] + q;
+        }
+        for (r, s) in rows.iter().zip(&got) {
+            let tok = s.token as usize;
+            counts[tok] += 1;
+            assert!(r.uniform >= cdf[tok] - 1e-4 && r.uniform <= cdf[tok + 1] + 1e-4, "{case}: u {} drew {tok}, whose interval is [{}, {})", r.uniform, cdf[tok], cdf[tok + 1]);
         }
         let log_z = {
             let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -438,12 +461,12 @@ fn sampling_on_the_device_draws_the_host_samplers_distribution() {
         };
         for (tok, (&c, &q)) in counts.iter().zip(&expected).enumerate() {
             let share = c as f64 / n as f64;
-            assert!((share - q).abs() <= 2.0 / n as f64 + 2e-3, "t {t} k {top_k} p {top_p} min_p {min_p}: token {tok} drawn {share:.4}, expected {q:.4}");
-            assert!(q > 0.0 || c == 0, "token {tok} is outside the kept set but was drawn {c} times");
+            assert!((share - q).abs() <= 2.0 / n as f64 + 2e-3, "{case}: token {tok} drawn {share:.4}, expected {q:.4}");
+            assert!(q > 0.0 || c == 0, "{case}: token {tok} is outside the kept set but was drawn {c} times");
         }
         for s in got.iter().take(50) {
             let want = f64::from(logits[s.token as usize]) - log_z;
-            assert!((f64::from(s.logprob) - want).abs() < 1e-3, "logprob {} vs {want}", s.logprob);
+            assert!((f64::from(s.logprob) - want).abs() < 1e-3, "{case}: logprob {} vs {want}", s.logprob);
         }
     }
 }

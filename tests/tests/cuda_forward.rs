@@ -97,32 +97,43 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     graphs_match_eager(&mut gpu, prompt, label);
 }
 
-/// One decode step of five sequences at different positions (a batch
-/// bucket of 8, three padding rows), replayed from a CUDA graph and then
-/// launched eagerly: the same logits.
+/// Two decode steps of five or six sequences at different positions (a
+/// batch bucket of 8, padding rows; with the 300-token prompt one context
+/// splits into partitions), launched eagerly and then replayed from a CUDA
+/// graph: the same logits, and a replay repeats exactly.
 fn graphs_match_eager(gpu: &mut CudaModel, prompt: &[u32], label: &str) {
     let mut alloc = BlockAllocator::new(BLOCKS);
-    let lens: Vec<usize> = [3usize, 17, 26, 1, 9].iter().map(|&l| l.min(prompt.len() - 1)).collect();
-    let mut seqs = Vec::new();
+    let mut lens: Vec<usize> = [3usize, 17, 26, 1, 9].iter().map(|&l| l.min(prompt.len() - 2)).collect();
+    if prompt.len() > 290 {
+        lens.push(280);
+    }
+    let mut tables = Vec::new();
     for &len in &lens {
         let mut table = Vec::new();
-        alloc.ensure(&mut table, len + 1, BLOCK_SIZE).expect("blocks");
+        alloc.ensure(&mut table, len + 2, BLOCK_SIZE).expect("blocks");
         gpu.forward(&batch(prompt[..len].to_vec(), 0, &table, LogitsRequest::None)).expect("prefill");
-        seqs.push(SeqInput { tokens: vec![prompt[len]], start_pos: len, block_table: table, logits: LogitsRequest::Last, sampling: None });
+        tables.push(table);
     }
-    let step = ForwardBatch { seqs };
-    gpu.set_cuda_graphs(true);
-    let graphed = gpu.forward(&step).expect("graphed step");
-    let again = gpu.forward(&step).expect("graph replay");
-    gpu.set_cuda_graphs(false);
-    let eager = gpu.forward(&step).expect("eager step");
-    gpu.set_cuda_graphs(true);
-    for (i, ((g, a), e)) in graphed.iter().zip(&again).zip(&eager).enumerate() {
-        assert_eq!(g.len(), e.len(), "{label}: sequence {i}: logits rows");
-        assert!(rel(g, e) < 1e-3, "{label}: sequence {i}: graph vs eager rel err {}", rel(g, e));
-        assert!(rel(a, e) < 1e-3, "{label}: sequence {i}: second replay vs eager rel err {}", rel(a, e));
+    for offset in 0..2 {
+        let seqs = lens
+            .iter()
+            .zip(&tables)
+            .map(|(&len, table)| SeqInput { tokens: vec![prompt[len + offset]], start_pos: len + offset, block_table: table.clone(), logits: LogitsRequest::Last, sampling: None })
+            .collect();
+        let step = ForwardBatch { seqs };
+        gpu.set_cuda_graphs(false);
+        let eager = gpu.forward(&step).expect("eager step");
+        gpu.set_cuda_graphs(true);
+        let graphed = gpu.forward(&step).expect("graphed step");
+        let again = gpu.forward(&step).expect("graph replay");
+        for (i, ((g, a), e)) in graphed.iter().zip(&again).zip(&eager).enumerate() {
+            assert_eq!(g.len(), e.len(), "{label}: sequence {i}: logits rows");
+            assert!(rel(g, e) < 2e-2, "{label}: step {offset}, sequence {i}: graph vs eager rel err {}", rel(g, e));
+            assert_eq!(a, g, "{label}: step {offset}, sequence {i}: a replay differs from the first run");
+        }
     }
-    println!("{label}: a decode step of {} sequences from a CUDA graph matches the eager step", lens.len());
+    assert!(gpu.captured_graphs() > 0, "{label}: no decode graph was captured");
+    println!("{label}: decode steps of {} sequences from CUDA graphs match eager steps ({} graphs captured)", lens.len(), gpu.captured_graphs());
 }
 
 fn sampling(params: SamplingParams) -> Option<SeqSampling> {
@@ -134,6 +145,7 @@ fn sampling(params: SamplingParams) -> Option<SeqSampling> {
 /// logits the host would see, with their logprob; top-k 5 stays inside the
 /// five most likely; a seeded draw repeats.
 fn sampled_on_device(gpu: &mut CudaModel, token: u32, pos: usize, table: &[u32], label: &str) {
+    gpu.set_device_sampling(true);
     let logits = gpu.forward(&batch(vec![token], pos, table, LogitsRequest::Last)).expect("gpu step").remove(0);
     let step = |gpu: &mut CudaModel, params: SamplingParams| {
         let mut b = batch(vec![token], pos, table, LogitsRequest::None);

@@ -177,7 +177,9 @@ fn finish(g: &Gpu, vocab: usize, ranges: &[Range<usize>], logits: Option<&mut Cu
             sampled[*seq] = Some(SampledToken { token: s.token, logprob: s.logprob, top_logprobs: Vec::new() });
         }
         if ranges.iter().zip(&sampled).any(|(range, s)| s.is_none() && !range.is_empty()) {
-            host = g.stream.clone_dtoh(&*logits)?;
+            // Only the rows sequences own (a graph's buffer has padding rows).
+            let rows = ranges.iter().map(|r| r.end).max().unwrap_or(0);
+            host = g.stream.clone_dtoh(&logits.slice(..rows * vocab))?;
         }
     }
     let logits = ranges

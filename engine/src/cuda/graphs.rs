@@ -13,7 +13,7 @@ use super::forward::Plan;
 use super::step::{AttentionLaunch, Inputs, Workspace};
 use super::CudaModel;
 use crate::error::{EngineError, Result};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use half::bf16;
 use spindle_kernels::device::{DecodeScratch, DecodeShape, Gpu};
@@ -80,6 +80,11 @@ impl DecodeGraphs {
         Self { enabled, buckets: (0..BATCH_BUCKETS.len()).map(|_| None).collect() }
     }
 
+        /// Graphs captured so far.
+    pub(super) fn captured(&self) -> usize {
+        self.buckets.iter().flatten().map(|b| b.graphs.len()).sum()
+    }
+
     /// Turns graphs on or off (off drops every graph and buffer).
     pub(super) fn set_enabled(&mut self, on: bool) {
         self.enabled = on;
@@ -113,9 +118,16 @@ impl CudaModel {
         let Some(index) = batch_bucket(p.start_pos.len()) else { return Ok(None) };
         let mut bucket = match self.graphs.buckets[index].take() {
             Some(b) => b,
-            None => self.new_bucket(BATCH_BUCKETS[index])?,
+            None => match self.new_bucket(BATCH_BUCKETS[index]) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!("no memory for a CUDA graph bucket, decode steps run without graphs from now on: {e}");
+                    self.graphs.set_enabled(false);
+                    return Ok(None);
+                }
+            },
         };
-        let blocks = p.max_blocks.max(1).next_power_of_two().max(256_usize.div_ceil(self.block_size)).min(self.max_graph_blocks());
+        let blocks = self.blocks_bucket(p.max_blocks);
         let result = self.replay(&mut bucket, p, blocks);
         let out = match result {
             Ok(true) => finish(&self.gpu, &mut bucket.logits).map(Some),
@@ -128,27 +140,47 @@ impl CudaModel {
         out
     }
 
-    fn new_bucket(&self, size: usize) -> Result<Bucket> {
+    /// The context bucket (blocks per table row) for tables of `max_blocks`.
+    fn blocks_bucket(&self, max_blocks: usize) -> usize {
+        max_blocks.max(1).next_power_of_two().max(256_usize.div_ceil(self.block_size)).min(self.max_graph_blocks())
+    }
+
+    /// The decode attention geometry of a bucket of `size` rows at `blocks`.
+    fn graph_shape(&self, size: usize, blocks: usize) -> DecodeShape {
         let c = &self.config;
-        let s = &self.gpu.stream;
-        let cap_blocks = self.max_graph_blocks();
-        let half = c.head_dim / 2;
-        let widest = DecodeShape {
+        DecodeShape {
             seqs: size,
             heads: c.num_heads,
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             block_size: self.block_size,
-            max_blocks: cap_blocks,
-            max_context: cap_blocks * self.block_size,
-        };
+            max_blocks: blocks,
+            max_context: blocks * self.block_size,
+        }
+    }
+
+    fn new_bucket(&self, size: usize) -> Result<Bucket> {
+        let c = &self.config;
+        let s = &self.gpu.stream;
+        let cap_blocks = self.max_graph_blocks();
+        let half = c.head_dim / 2;
+        // Scratch for the context bucket that needs the most partials.
+        let mut partials = 0;
+        let mut blocks = self.blocks_bucket(1);
+        loop {
+            partials = partials.max(self.graph_shape(size, blocks).scratch_partials());
+            if blocks >= cap_blocks {
+                break;
+            }
+            blocks = self.blocks_bucket(blocks * 2);
+        }
         Ok(Bucket {
             size,
             ws: Workspace::new(&self.gpu, c, size)?,
             inputs: Inputs { ids: s.alloc_zeros(size)?, slots: s.alloc_zeros(size)?, cos: s.alloc_zeros(size * half)?, sin: s.alloc_zeros(size * half)? },
             tables: s.alloc_zeros(size * cap_blocks)?,
             context: s.alloc_zeros(size)?,
-            scratch: self.gpu.decode_scratch(&widest)?,
+            scratch: self.gpu.decode_scratch_for(partials, c.head_dim)?,
             logits: s.alloc_zeros(size * c.vocab_size)?,
             graphs: HashMap::new(),
         })
@@ -206,30 +238,45 @@ impl CudaModel {
 
     /// Records the bucket's whole step (layers, final norm, output head) at
     /// `blocks` into a graph.
-    fn capture(&mut self, bucket: &mut Bucket, blocks: usize) -> Result<CudaGraph> {
+    /// The bucket's whole step (layers, final norm, output head) at
+    /// `blocks`: the launches a graph records (allocating nothing).
+    fn graph_pass(&mut self, bucket: &mut Bucket, blocks: usize) -> Result<()> {
+        let shape = self.graph_shape(bucket.size, blocks);
         let c = &self.config;
-        let shape = DecodeShape {
-            seqs: bucket.size,
-            heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            block_size: self.block_size,
-            max_blocks: blocks,
-            max_context: blocks * self.block_size,
-        };
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let (vocab, h, size) = (c.vocab_size, c.hidden_size, bucket.size);
+        let attention = GraphAttention { shape, tables: &bucket.tables, context: &bucket.context, scratch: bucket.scratch.as_ref(), scale };
+        self.layer_pass(&mut bucket.ws, &bucket.inputs, &attention, size)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        self.gpu.gemm(&mut bucket.logits, &bucket.ws.hn, head, size, vocab, h)?;
+        Ok(())
+    }
+
+    /// Records [`Self::graph_pass`] into a graph, after running it once
+    /// eagerly on the same buffers (so that libraries finish their first-use
+    /// set-up outside the capture; the replay rewrites the same cache slots).
+    fn capture(&mut self, bucket: &mut Bucket, blocks: usize) -> Result<CudaGraph> {
+        self.graph_pass(bucket, blocks)?;
         let stream = self.gpu.stream.clone();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let attention = GraphAttention { shape, tables: &bucket.tables, context: &bucket.context, scratch: bucket.scratch.as_ref(), scale };
-        let mut pass = self.layer_pass(&mut bucket.ws, &bucket.inputs, &attention, size);
-        if pass.is_ok() {
-            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-            pass = self.gpu.gemm(&mut bucket.logits, &bucket.ws.hn, head, size, vocab, h).map_err(EngineError::from);
-        }
+        let pass = self.graph_pass(bucket, blocks);
         // The capture must end whatever happened inside it.
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        let graph = match stream.end_capture(CUgraphInstantiate_flags(0)) {
+            Ok(g) => g,
+            Err(e) => {
+                // cudarc reports a stored error before ending the capture; end it for certain.
+                if stream.capture_status().is_ok_and(|s| s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) {
+                    // SAFETY: our stream, capturing on this thread; the partial graph is discarded.
+                    if let Ok(g) = unsafe { cudarc::driver::result::stream::end_capture(stream.cu_stream()) } {
+                        // SAFETY: a graph this call owns, never instantiated.
+                        let _ = unsafe { cudarc::driver::result::graph::destroy(g) };
+                    }
+                }
+                pass?;
+                return Err(e.into());
+            }
+        };
         pass?;
-        graph?.ok_or_else(|| EngineError::Backend("stream capture produced no graph".into()))
+        graph.ok_or_else(|| EngineError::Backend("stream capture produced no graph".into()))
     }
 }

@@ -69,7 +69,6 @@ pub const WORKSPACE_BYTES: usize = 2 << 30;
 
 /// A model on the GPU with its KV cache.
 pub struct CudaModel {
-    gpu: Gpu,
     config: ModelConfig,
     rope: Rope,
     embed: CudaSlice<bf16>,
@@ -86,6 +85,16 @@ pub struct CudaModel {
     workspace: Option<step::Workspace>,
     /// CUDA graphs of decode steps.
     graphs: graphs::DecodeGraphs,
+    /// Last, so that it (the cuBLAS handle and its workspace) outlives
+    /// everything above.
+    gpu: Gpu,
+}
+
+impl Drop for CudaModel {
+    fn drop(&mut self) {
+        // Let the last step's work finish before its buffers are freed.
+        let _ = self.gpu.stream.synchronize();
+    }
 }
 
 impl std::fmt::Debug for CudaModel {
@@ -145,7 +154,7 @@ impl CudaModel {
             v_cache,
             block_size,
             num_blocks,
-            device_sampling: std::env::var_os("SPINDLE_HOST_SAMPLING").is_none(),
+            device_sampling: std::env::var("SPINDLE_HOST_SAMPLING").map_or(true, |v| v.is_empty() || v == "0"),
             workspace: None,
             graphs: graphs::DecodeGraphs::new(),
         })
@@ -180,6 +189,11 @@ impl CudaModel {
     /// `SPINDLE_CUDA_GRAPHS=0` at start turns it off), or launch every kernel.
     pub fn set_cuda_graphs(&mut self, on: bool) {
         self.graphs.set_enabled(on);
+    }
+
+    /// Decode graphs captured so far (0 with graphs off).
+    pub fn captured_graphs(&self) -> usize {
+        self.graphs.captured()
     }
 
     /// The model's hyper-parameters.

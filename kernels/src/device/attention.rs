@@ -67,6 +67,16 @@ impl DecodeShape {
         Ok(())
     }
 
+    /// Split-K partials a call of this shape needs (0 when the context fits
+    /// one partition): what [`DecodeScratch`] must hold.
+    pub fn scratch_partials(&self) -> usize {
+        if self.partitions() > 1 {
+            self.chunk() * self.heads * self.partitions()
+        } else {
+            0
+        }
+    }
+
     /// Sequences per launch: within the grid's y limit and, when the context
     /// is split, within [`SCRATCH_BYTES`] of partials.
     fn chunk(&self) -> usize {
@@ -114,18 +124,23 @@ impl Gpu {
     /// Split-K partials for decode attention of `shape` (`None` when the
     /// context fits one partition), for [`Self::paged_decode_in`].
     pub fn decode_scratch(&self, shape: &DecodeShape) -> Result<Option<DecodeScratch>, CudaError> {
-        let parts = shape.partitions();
-        if parts <= 1 {
+        self.decode_scratch_for(shape.scratch_partials(), shape.head_dim)
+    }
+
+    /// Scratch of `partials` split-K partials of heads of `head_dim`
+    /// (`None` for 0), e.g. the largest [`DecodeShape::scratch_partials`]
+    /// of several shapes.
+    pub fn decode_scratch_for(&self, partials: usize, head_dim: usize) -> Result<Option<DecodeScratch>, CudaError> {
+        if partials == 0 {
             return Ok(None);
         }
-        let partials = shape.chunk() * shape.heads * parts;
         // SAFETY: uninitialized scratch; the decode kernel writes every entry
         // (partitions past a sequence's context included) before the
         // reduction reads the ones it uses.
         let (out, max, sum) = unsafe {
-            (self.stream.alloc::<f32>(partials * shape.head_dim)?, self.stream.alloc::<f32>(partials)?, self.stream.alloc::<f32>(partials)?)
+            (self.stream.alloc::<f32>(partials * head_dim)?, self.stream.alloc::<f32>(partials)?, self.stream.alloc::<f32>(partials)?)
         };
-        Ok(Some(DecodeScratch { out, max, sum, partials, head_dim: shape.head_dim }))
+        Ok(Some(DecodeScratch { out, max, sum, partials, head_dim }))
     }
 
     /// [`Self::paged_decode_in`] with scratch allocated for this call.
