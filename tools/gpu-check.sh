@@ -11,6 +11,14 @@
 # `run` needs only the NVIDIA driver; compute-sanitizer is used when found
 # (PATH, CUDA_HOME or /usr/local/cuda). Exit status: 1 if a correctness
 # check failed, else 0.
+#
+# SmolLM2 (98 MB) is over one call's 64 MiB of carry (working tree
+# included): with SPINDLE_MODEL_GGUF set, `prepare` also splits it into
+# parts of 40 MB, gpu-check/model/part.00, .01, .02 (with its sha256).
+# Carry gpu-check/bin and part.00 in a first call (`true` as the command),
+# part.01 in a second, then part.02 in the `run` call while the machine is
+# warm (ignored files carried earlier stay there): `run` joins the parts,
+# checks the sum and compares SmolLM2 too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=gpu-check/bin
@@ -34,6 +42,12 @@ prepare() {
     cargo build --release -p spindle-benches --features cuda --bin gpu-model-bench
     cp target/release/gpu-model-bench "$BIN/"
     strip "$BIN"/* 2>/dev/null || true  # (64 MiB travel to the device)
+    if [ -n "${SPINDLE_MODEL_GGUF:-}" ] && [ -f "$SPINDLE_MODEL_GGUF" ]; then
+        rm -rf gpu-check/model && mkdir -p gpu-check/model
+        split -b 40000000 -d "$SPINDLE_MODEL_GGUF" gpu-check/model/part.
+        sha256sum < "$SPINDLE_MODEL_GGUF" | cut -d' ' -f1 > gpu-check/model/sha256
+        ls -l gpu-check/model
+    fi
     ls -l "$BIN"
 }
 
@@ -51,58 +65,79 @@ find_cublas() {
     [ -n "$lib" ] && dirname "$lib"
 }
 
+# Seconds left of the run's budget (GPU_CHECK_BUDGET, default 540: one
+# device call is at most 600).
+left() {
+    echo $(( ${GPU_CHECK_BUDGET:-540} - ($(date +%s) - START) ))
+}
+
+# `section TITLE LIMIT CMD...`: CMD's output in a fenced block of the report,
+# stopped after LIMIT seconds (or what is left of the budget, if less).
+section() {
+    local title=$1 limit=$2; shift 2
+    local budget; budget=$(left)
+    [ "$budget" -lt "$limit" ] && limit=$budget
+    { echo "## $title"; echo '```'; } >> "$REPORT"
+    local rc=0
+    if [ "$limit" -le 5 ]; then
+        echo "(skipped: the time budget is spent)" >> "$REPORT"; rc=124
+    else
+        timeout "$limit" "$@" >> "$REPORT" 2>&1 || rc=$?
+        [ "$rc" -eq 124 ] && echo "(stopped after $limit s)" >> "$REPORT"
+    fi
+    echo '```' >> "$REPORT"
+    return $rc
+}
+
 run() {
+    START=$(date +%s)
     local out=${OUT:-gpu-check}
     local cublas_dir
     cublas_dir=$(find_cublas || true)
     if [ -n "$cublas_dir" ]; then export LD_LIBRARY_PATH="$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
     mkdir -p "$out"
-    local report="$out/gpu-check.md" status=0
+    REPORT="$out/gpu-check.md"
+    local model_note="SmolLM2: not carried (tiny models only)"
+    if compgen -G "gpu-check/model/part.*" > /dev/null; then
+        cat gpu-check/model/part.* > /tmp/smollm2.gguf
+        if [ "$(sha256sum < /tmp/smollm2.gguf | cut -d' ' -f1)" = "$(cat gpu-check/model/sha256 2>/dev/null)" ]; then
+            export SPINDLE_MODEL_GGUF=/tmp/smollm2.gguf; model_note="SmolLM2: joined, checksum ok"
+        else
+            model_note="SmolLM2: the parts carried so far do not match the checksum (not used)"
+        fi
+    fi
+    local status=0
     {
         echo "# GPU check $(date -u +%FT%TZ)"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/device: /' || true
+        echo "cuBLAS from: ${cublas_dir:-not found, so the GEMMs run on Spindle kernels}"
+        echo "$model_note"
         echo
-        echo "## Kernel correctness (GPU vs CPU reference)"
-        echo '```'
-    } > "$report"
-    if "$BIN/gpu_kernels" --test-threads=1 --nocapture >> "$report" 2>&1; then echo "kernels: ok"; else echo "kernels: FAILED"; status=1; fi
-    echo '```' >> "$report"
-    {
-        echo "## Whole model: CUDA backend vs CPU backend (tiny Llama, tiny Qwen3; SmolLM2 if SPINDLE_MODEL_GGUF is set)"
-        echo '```'
-    } >> "$report"
-    if "$BIN/cuda_forward" --test-threads=1 --nocapture >> "$report" 2>&1; then echo "backend: ok"; else echo "backend: FAILED"; status=1; fi
-    echo '```' >> "$report"
+    } > "$REPORT"
+    # Correctness first, then the benchmarks, then the (slow) sanitizers.
+    if section "Kernel correctness (GPU vs CPU reference)" 120 "$BIN/gpu_kernels" --test-threads=1 --nocapture; then
+        echo "kernels: ok"; else echo "kernels: FAILED"; status=1; fi
+    if section "Whole model: CUDA backend vs CPU backend (tiny Llama, tiny Qwen3; SmolLM2 if SPINDLE_MODEL_GGUF is set)" 120 "$BIN/cuda_forward" --test-threads=1 --nocapture; then
+        echo "backend: ok"; else echo "backend: FAILED"; status=1; fi
+    section "Paged decode attention bandwidth (8B geometry: 32 q heads, 8 kv heads, head_dim 128)" 60 "$BIN/paged_decode_bench" || true
+    section "Linear-layer GEMMs: cuBLAS vs Spindle's kernels (8B layer shapes)" 90 "$BIN/gemm_bench" || true
+    section "Whole model, Llama-3.1-8B shapes, random bf16 weights" 240 "$BIN/gpu-model-bench" || true
     local sanitizer
     sanitizer=$(find_sanitizer || true)
-    for run in "memcheck gpu_kernels" "racecheck gpu_kernels" "memcheck cuda_forward"; do
-        set -- $run
-        echo "## compute-sanitizer $1 on $2" >> "$report"
-        if [ -z "$sanitizer" ]; then echo "not found on this machine" >> "$report"; continue; fi
-        echo '```' >> "$report"
-        if "$sanitizer" --tool "$1" --error-exitcode 9 "$BIN/$2" --test-threads=1 >> "$report" 2>&1; then
-            echo "$1 $2: clean"
-        else
-            echo "$1 $2: ERRORS"; status=1
+    for check in "memcheck gpu_kernels" "racecheck gpu_kernels" "memcheck cuda_forward"; do
+        set -- $check
+        if [ -z "$sanitizer" ]; then
+            { echo "## compute-sanitizer $1 on $2"; echo "not found on this machine"; } >> "$REPORT"; continue
         fi
-        echo '```' >> "$report"
+        local rc=0
+        section "compute-sanitizer $1 on $2" 60 "$sanitizer" --tool "$1" --error-exitcode 9 "$BIN/$2" --test-threads=1 || rc=$?
+        case $rc in
+            0) echo "$1 $2: clean" ;;
+            124) echo "$1 $2: not finished in time" ;;
+            *) echo "$1 $2: ERRORS (exit $rc)"; status=1 ;;
+        esac
     done
-    {
-        echo "## Paged decode attention bandwidth (8B geometry: 32 q heads, 8 kv heads, head_dim 128)"
-        echo '```'
-        "$BIN/paged_decode_bench" 2>&1 || true
-        echo '```'
-        echo "## Linear-layer GEMMs: cuBLAS vs Spindle's kernels (8B layer shapes)"
-        echo "cuBLAS from: ${cublas_dir:-not found}"
-        echo '```'
-        timeout 120 "$BIN/gemm_bench" 2>&1 || echo "(gemm_bench did not finish: exit $?)"
-        echo '```'
-        echo "## Whole model, Llama-3.1-8B shapes, random bf16 weights"
-        echo '```'
-        timeout 420 "$BIN/gpu-model-bench" 2>&1 || echo "(gpu-model-bench did not finish: exit $?)"
-        echo '```'
-    } >> "$report"
-    cat "$report"
+    cat "$REPORT"
     return $status
 }
 
