@@ -30,6 +30,7 @@ cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-outpu
 # engine's CUDA backend with its GPU-vs-CPU tests (they skip without a GPU).
 cargo test -p spindle-kernels --features cuda 2>&1 | tee -a target/test-output.log
 cargo test -p spindle-tests --features cuda --test cuda_forward 2>&1 | tee -a target/test-output.log
+cargo test -p spindle-engine --features cuda --lib cuda:: 2>&1 | tee -a target/test-output.log
 # The daemon with the CUDA backend and the GPU whole-model benchmark must
 # keep compiling too.
 cargo check -p spindle-server --features cuda 2>&1 | tee -a target/test-output.log

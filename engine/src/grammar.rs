@@ -213,16 +213,35 @@ impl Constraint {
     /// when it allows none (the grammar finished or reached a dead end and
     /// the tokenizer has no EOS): the sequence must end here.
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> bool {
+        match self.mask_words(logits.len()) {
+            Some(words) => {
+                apply_words(&words, logits);
+                true
+            }
+            None => {
+                logits.iter_mut().for_each(|l| *l = f32::NEG_INFINITY);
+                false
+            }
+        }
+    }
+
+    /// The tokens allowed next as bits over `vocab` ids (bit `t % 32` of
+    /// word `t / 32`; ids past the grammar's vocabulary are forbidden), the
+    /// mask [`Self::mask_logits`] applies, for a sampler that masks on its
+    /// own (the GPU's). `None` when no token is allowed.
+    pub fn mask_words(&mut self, vocab: usize) -> Option<Vec<u32>> {
+        let words = vocab.div_ceil(32);
         let phase = self.gate.map(|g| g.phase);
         if phase == Some(GatePhase::Thinking) {
             // Free text, but the output may not end before the answer the
             // grammar guarantees.
+            let mut mask = vec![u32::MAX; words];
             for &id in &self.eos {
-                if let Some(l) = logits.get_mut(id as usize) {
-                    *l = f32::NEG_INFINITY;
+                if (id as usize) < vocab {
+                    mask[id as usize / 32] &= !(1u32 << (id % 32));
                 }
             }
-            return true;
+            return Some(mask);
         }
         let mut allowed = self.allowed();
         if let (Some(GatePhase::Undecided), Some(gate)) = (phase, self.gate) {
@@ -230,8 +249,22 @@ impl Constraint {
                 allowed.allow_token(gate.open);
             }
         }
-        apply_mask(&allowed, logits);
-        allowed.num_set() > 0
+        if allowed.num_set() == 0 {
+            return None;
+        }
+        let src = allowed.as_slice();
+        let mut mask: Vec<u32> = (0..words).map(|w| src.get(w).copied().unwrap_or(0)).collect();
+        let tail = vocab % 32;
+        if tail != 0 {
+            if let Some(last) = mask.last_mut() {
+                *last &= (1u32 << tail) - 1;
+            }
+        }
+        // Ids the grammar's vocabulary does not have are forbidden.
+        for id in allowed.len().min(vocab)..vocab {
+            mask[id / 32] &= !(1u32 << (id % 32));
+        }
+        Some(mask)
     }
 
     /// Advances past a sampled token. EOS (or any token) after the grammar
@@ -268,7 +301,11 @@ impl Constraint {
 /// `-inf` for every logit whose token `allowed` does not contain (logits
 /// past the mask's length are forbidden too).
 pub fn apply_mask(allowed: &SimpleVob, logits: &mut [f32]) {
-    let words = allowed.as_slice();
+    apply_words(allowed.as_slice(), logits);
+}
+
+/// `-inf` for every logit whose bit in `words` is clear (or past them).
+fn apply_words(words: &[u32], logits: &mut [f32]) {
     for (w, chunk) in logits.chunks_mut(32).enumerate() {
         let bits = words.get(w).copied().unwrap_or(0);
         if bits == u32::MAX {

@@ -82,13 +82,24 @@ impl ModelRunner {
 /// The step's outputs from each sequence's logits (from any backend):
 /// sampling where asked (with its grammar), logits kept where asked.
 pub fn sample_outputs(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize) -> Result<StepOutput> {
-    let none = vec![None; batch.seqs.len()];
+    let none = vec![Presampled::No; batch.seqs.len()];
     sample_outputs_with(batch, logits, vocab, none)
+}
+
+/// What a backend that samples on its own (the GPU) did for a sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Presampled {
+    /// Nothing: the host samples from the sequence's logits (if it samples).
+    No,
+    /// This token (its grammar already advanced past it).
+    Token(SampledToken),
+    /// Its grammar allows no token: the sequence ends without one.
+    GrammarEnded,
 }
 
 /// [`sample_outputs`] where a backend already sampled some sequences
 /// (`presampled[i]`, e.g. on the GPU); the others sample from their logits.
-pub fn sample_outputs_with(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize, presampled: Vec<Option<SampledToken>>) -> Result<StepOutput> {
+pub fn sample_outputs_with(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize, presampled: Vec<Presampled>) -> Result<StepOutput> {
     // Sequences sample independently (each with its own seeded generator),
     // so they run in parallel with the same results.
     let seqs = batch
@@ -97,8 +108,9 @@ pub fn sample_outputs_with(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: u
         .zip(logits.into_par_iter().zip(presampled.into_par_iter()))
         .map(|(seq, (mut logits, presampled))| {
             let (sampled, grammar_ended) = match (&seq.sampling, presampled) {
-                (Some(_), Some(done)) => (Some(done), false),
-                (Some(s), None) if logits.len() >= vocab => {
+                (Some(_), Presampled::Token(done)) => (Some(done), false),
+                (Some(_), Presampled::GrammarEnded) => (None, true),
+                (Some(s), Presampled::No) if logits.len() >= vocab => {
                     let start = logits.len() - vocab;
                     let mut last = logits[start..].to_vec();
                     let sampled = sample_one(s, &mut last)?;

@@ -130,14 +130,45 @@ __device__ float block_exclusive_scan(float w) {
 // Grid (n), SAMPLE_THREADS threads. Block i samples logits row rows[i]
 // (of `vocab` values) with temperature[i], top_k[i] (0 = off), top_p[i]
 // (1 = off), min_p[i] (0 = off) and the uniform draw uniform[i] in [0, 1);
-// writes tokens[i] and logprobs[i]. Every rows[i] is distinct.
+// writes tokens[i] and logprobs[i]. Every rows[i] is distinct. Before
+// that: the row's grammar mask (mask_row[i] >= 0: row of `masks`, bit t%32
+// of word t/32 set = allowed) and its penalties (entries pen_start[i] ..
+// pen_start[i+1] of pen_token / pen_count, with repetition[i], presence[i],
+// frequency[i]).
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows_f32(int* __restrict__ tokens, float* __restrict__ logprobs, float* __restrict__ logits,
                                            const int* __restrict__ rows, const float* __restrict__ temperature,
                                            const int* __restrict__ top_k, const float* __restrict__ top_p,
-                                           const float* __restrict__ min_p, const float* __restrict__ uniform, int vocab) {
+                                           const float* __restrict__ min_p, const float* __restrict__ uniform, int vocab,
+                                           const float* __restrict__ repetition, const float* __restrict__ presence,
+                                           const float* __restrict__ frequency, const int* __restrict__ pen_start,
+                                           const int* __restrict__ pen_token, const float* __restrict__ pen_count,
+                                           const unsigned* __restrict__ masks, const int* __restrict__ mask_row, int mask_words) {
     __shared__ int chosen;
     const int i = blockIdx.x;
     float* l = logits + (size_t)rows[i] * vocab;
+
+    // The grammar's mask: forbidden ids to -inf.
+    if (mask_row[i] >= 0) {
+        const unsigned* m = masks + (size_t)mask_row[i] * mask_words;
+        for (int t = threadIdx.x; t < vocab; t += blockDim.x) {
+            if (!((m[t >> 5] >> (t & 31)) & 1u)) l[t] = -INFINITY;
+        }
+    }
+    __syncthreads();
+    // Penalties over the row's distinct seen tokens (one entry each): the
+    // repetition penalty on every one, then presence and frequency on those
+    // in the output (count > 0), as the host applies them.
+    const float rp = repetition[i], pres = presence[i], freq = frequency[i];
+    for (int e = pen_start[i] + threadIdx.x; e < pen_start[i + 1]; e += blockDim.x) {
+        const int t = pen_token[e];
+        if (t < 0 || t >= vocab) continue;
+        float v = l[t];
+        if (rp != 1.0f) v = v > 0.0f ? v / rp : v * rp;
+        const float c = pen_count[e];
+        if (c > 0.0f) v -= freq * c + pres;
+        l[t] = v;
+    }
+    __syncthreads();
 
     float best = -INFINITY;
     int arg = INT_MAX;

@@ -440,7 +440,7 @@ fn sampling_on_the_device_draws_the_host_samplers_distribution() {
         let mut d = g.stream.clone_htod(&logits.repeat(n)).unwrap();
         // Rows in a scrambled order, so a kernel reading row i for block i fails.
         let rows: Vec<RowSampling> = (0..n)
-            .map(|i| RowSampling { row: (i * 7 + 3) % n, temperature: t, top_k, top_p, min_p, uniform: (i as f64 + 0.5) / n as f64 })
+            .map(|i| RowSampling::plain((i * 7 + 3) % n, t, top_k, top_p, min_p, (i as f64 + 0.5) / n as f64))
             .collect();
         let got = g.sample_rows(&mut d, vocab, &rows).unwrap();
         let expected = truncated_distribution(logits, t, top_k, top_p, min_p);
@@ -491,7 +491,7 @@ fn greedy_sampling_on_the_device_takes_the_lowest_argmax_and_sanitizes() {
     let expected = [17u32, 99, 2500, 0];
     for (i, row) in [tie, nan, inf, flat].into_iter().enumerate() {
         data.extend_from_slice(&row);
-        rows.push(RowSampling { row: i, temperature: if i % 2 == 0 { 0.0 } else { 0.7 }, top_k: if i % 2 == 0 { 0 } else { 1 }, top_p: 1.0, min_p: 0.0, uniform: 0.3 });
+        rows.push(RowSampling::plain(i, if i % 2 == 0 { 0.0 } else { 0.7 }, if i % 2 == 0 { 0 } else { 1 }, 1.0, 0.0, 0.3));
     }
     let mut d = g.stream.clone_htod(&data).unwrap();
     let got = g.sample_rows(&mut d, vocab, &rows).unwrap();
@@ -500,5 +500,64 @@ fn greedy_sampling_on_the_device_takes_the_lowest_argmax_and_sanitizes() {
     let uniform = -(vocab as f32).ln();
     assert!((got[3].logprob - uniform).abs() < 1e-4, "all -inf is uniform: {}", got[3].logprob);
     assert!(got.iter().all(|s| s.logprob.is_finite() && s.logprob <= 0.0), "{got:?}");
-    assert!(g.sample_rows(&mut d, vocab, &[rows[0], rows[0]]).is_err(), "a row listed twice is refused");
+    assert!(g.sample_rows(&mut d, vocab, &[rows[0].clone(), rows[0].clone()]).is_err(), "a row listed twice is refused");
+}
+
+#[test]
+fn the_device_sampler_applies_grammar_masks_and_penalties_as_the_host_does() {
+    use spindle_kernels::device::RowSampling;
+    let Some(g) = gpu() else { return };
+    let vocab = 3001;
+    let base: Vec<f32> = f32s(&random(vocab, 51, 4.0));
+    let order = |l: &[f32]| {
+        let mut o: Vec<usize> = (0..l.len()).collect();
+        o.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
+        o
+    };
+    let top = order(&base);
+    // A mask forbidding the three best tokens and every id above 2000.
+    let mut mask = vec![0u32; vocab.div_ceil(32)];
+    for t in 0..=2000 {
+        if !top[..3].contains(&t) {
+            mask[t / 32] |= 1 << (t % 32);
+        }
+    }
+    // Penalties: the best token seen in the prompt (repetition 2.0), the second
+    // three times in the output (frequency 0.5, presence 0.25).
+    let seen = vec![(top[0] as u32, 0u32), (top[1] as u32, 3u32)];
+    let penalize = |l: &mut [f32]| {
+        for &(t, c) in &seen {
+            let v = &mut l[t as usize];
+            *v = if *v > 0.0 { *v / 2.0 } else { *v * 2.0 };
+            if c > 0 {
+                *v -= 0.5 * c as f32 + 0.25;
+            }
+        }
+    };
+    let mut masked = base.clone();
+    for (t, l) in masked.iter_mut().enumerate() {
+        if mask[t / 32] >> (t % 32) & 1 == 0 {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    let mut penalized = base.clone();
+    penalize(&mut penalized);
+    let rows = vec![
+        RowSampling { mask: Some(mask.clone()), ..RowSampling::plain(0, 0.0, 0, 1.0, 0.0, 0.5) },
+        RowSampling { repetition_penalty: 2.0, presence_penalty: 0.25, frequency_penalty: 0.5, seen: seen.clone(), ..RowSampling::plain(1, 0.0, 0, 1.0, 0.0, 0.5) },
+        // Sampled under the mask: every draw must be allowed.
+        RowSampling { mask: Some(mask.clone()), ..RowSampling::plain(2, 1.5, 0, 1.0, 0.0, 0.999) },
+    ];
+    let mut d = g.stream.clone_htod(&base.repeat(3)).unwrap();
+    let got = g.sample_rows(&mut d, vocab, &rows).unwrap();
+    let log_softmax = |l: &[f32], t: usize| {
+        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        f64::from(l[t] - max) - l.iter().filter(|v| v.is_finite()).map(|&v| f64::from(v - max).exp()).sum::<f64>().ln()
+    };
+    assert_eq!(got[0].token as usize, order(&masked)[0], "greedy under the mask");
+    assert!((f64::from(got[0].logprob) - log_softmax(&masked, got[0].token as usize)).abs() < 1e-3, "logprob of the masked logits");
+    assert_eq!(got[1].token as usize, order(&penalized)[0], "greedy after the penalties");
+    assert!((f64::from(got[1].logprob) - log_softmax(&penalized, got[1].token as usize)).abs() < 1e-3, "logprob of the penalized logits");
+    let t = got[2].token as usize;
+    assert!(t <= 2000 && !top[..3].contains(&t), "a sampled token the mask forbids: {t}");
 }

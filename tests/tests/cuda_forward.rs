@@ -20,7 +20,7 @@ use spindle_engine::cuda::{device_count, driver_present, CudaModel, KvSize};
 use spindle_engine::kv::BlockAllocator;
 use spindle_engine::load::load_model;
 use spindle_engine::model::MatmulPrecision;
-use spindle_engine::runner::ModelRunner;
+use spindle_engine::runner::{sample_outputs, ModelRunner, Presampled};
 use spindle_engine::sampling::SamplingParams;
 use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyDtype, TinyModelOptions};
 
@@ -95,6 +95,57 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     sampled_on_device(&mut gpu, next, pos, &table, label);
     mixed_batch(&mut cpu, &mut gpu, prompt, label);
     graphs_match_eager(&mut gpu, prompt, label);
+    device_and_host_sampling_agree(&mut gpu, prompt, label);
+}
+
+/// One step mixing a prefill chunk with decode steps, sampled greedily on
+/// the GPU (plain, with penalties) and on the host (top logprobs asked):
+/// the same step's logits sampled on the host give the same tokens, each
+/// to its own sequence; then an all-decode step (a graph) likewise.
+fn device_and_host_sampling_agree(gpu: &mut CudaModel, prompt: &[u32], label: &str) {
+    let mut alloc = BlockAllocator::new(BLOCKS);
+    let penalties = SamplingParams { repetition_penalty: 1.5, frequency_penalty: 0.7, presence_penalty: 0.2, ..SamplingParams::default() };
+    let logprobs = SamplingParams { top_logprobs: 2, logprobs: true, ..SamplingParams::default() };
+    let params = [SamplingParams::default(), penalties, logprobs, SamplingParams::default()];
+    let lens: Vec<usize> = [5usize, 12, 8, 20].iter().map(|&l| l.min(prompt.len() - 1)).collect();
+    let mut tables = Vec::new();
+    for &len in &lens {
+        let mut table = Vec::new();
+        alloc.ensure(&mut table, len + 2, BLOCK_SIZE).expect("blocks");
+        tables.push(table);
+    }
+    for (i, &len) in lens.iter().enumerate().take(3) {
+        gpu.forward(&batch(prompt[..len].to_vec(), 0, &tables[i], LogitsRequest::None)).expect("prefill");
+    }
+    let seq = |i: usize, tokens: Vec<u32>, start: usize| SeqInput {
+        tokens,
+        start_pos: start,
+        block_table: tables[i].clone(),
+        logits: LogitsRequest::None,
+        sampling: Some(SeqSampling { params: params[i].clone(), constraint: None, generated: 2, output_tokens: prompt[..lens[i]].to_vec(), prompt_tokens: prompt[..3].to_vec() }),
+    };
+    let mixed = ForwardBatch { seqs: (0..3).map(|i| seq(i, vec![prompt[lens[i]]], lens[i])).chain([seq(3, prompt[..lens[3]].to_vec(), 0)]).collect() };
+    let decode = ForwardBatch { seqs: (0..3).map(|i| seq(i, vec![prompt[lens[i]]], lens[i])).collect() };
+    for (name, step) in [("mixed", &mixed), ("decode", &decode)] {
+        gpu.set_device_sampling(true);
+        let on_gpu = gpu.forward_step(step).expect("device-sampled step");
+        gpu.set_device_sampling(false);
+        let off = gpu.forward_step(step).expect("host-sampled step");
+        gpu.set_device_sampling(true);
+        let host = sample_outputs(step, off.logits, gpu.config().vocab_size).expect("host sampling");
+        for (i, (d, h)) in on_gpu.sampled.iter().zip(&host.seqs).enumerate() {
+            let h = h.sampled.as_ref().expect("the host sampled");
+            match d {
+                Presampled::Token(t) => {
+                    assert_eq!(t.token, h.token, "{label} {name}: sequence {i}: device vs host token");
+                    assert!((t.logprob - h.logprob).abs() < 1e-3, "{label} {name}: sequence {i}: logprob {} vs {}", t.logprob, h.logprob);
+                }
+                Presampled::No => assert_eq!(i, 2, "{label} {name}: only the top-logprobs sequence samples on the host"),
+                Presampled::GrammarEnded => panic!("{label} {name}: no grammar here"),
+            }
+        }
+    }
+    println!("{label}: device and host sampling agree on mixed and decode steps");
 }
 
 /// Two decode steps of five or six sequences at different positions (a
@@ -152,7 +203,10 @@ fn sampled_on_device(gpu: &mut CudaModel, token: u32, pos: usize, table: &[u32],
         b.seqs[0].sampling = sampling(params);
         let out = gpu.forward_step(&b).expect("gpu sampled step");
         assert!(out.logits[0].is_empty(), "{label}: a device-sampled sequence copies no logits");
-        out.sampled[0].clone().expect("sampled on the device")
+        match out.sampled[0].clone() {
+            Presampled::Token(t) => t,
+            other => panic!("{label}: not sampled on the device: {other:?}"),
+        }
     };
     let greedy = step(gpu, SamplingParams::default());
     let (best, gap) = argmax(&logits);

@@ -7,6 +7,8 @@ use crate::batch::{ForwardBatch, LogitsRequest};
 use crate::error::{EngineError, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
+use super::sample::DeviceRow;
+use crate::runner::Presampled;
 use crate::sampling::SampledToken;
 use super::step::{Inputs, Workspace};
 use spindle_kernels::device::{Gpu, RowSampling};
@@ -140,7 +142,7 @@ impl CudaModel {
         finish(&self.gpu, self.config.vocab_size, &p.ranges, logits.as_mut(), &device)
     }
 
-    fn device_rows(&self, batch: &ForwardBatch, ranges: &[Range<usize>], on: bool) -> Vec<Option<RowSampling>> {
+    fn device_rows(&self, batch: &ForwardBatch, ranges: &[Range<usize>], on: bool) -> Vec<Option<DeviceRow>> {
         if on {
             super::sample::device_rows(batch, ranges)
         } else {
@@ -166,17 +168,38 @@ impl CudaModel {
 }
 
 /// Per sequence (its rows of `logits` in `ranges`): sampled on the GPU where
-/// `device` says so, else its logits copied to the host.
-fn finish(g: &Gpu, vocab: usize, ranges: &[Range<usize>], logits: Option<&mut CudaSlice<f32>>, device: &[Option<RowSampling>]) -> Result<StepLogits> {
+/// `device` says so (its grammar masked first and advanced after), else its
+/// logits copied to the host.
+fn finish(g: &Gpu, vocab: usize, ranges: &[Range<usize>], logits: Option<&mut CudaSlice<f32>>, device: &[Option<DeviceRow>]) -> Result<StepLogits> {
     let mut host = Vec::new();
-    let mut sampled: Vec<Option<SampledToken>> = vec![None; ranges.len()];
+    let mut sampled: Vec<Presampled> = vec![Presampled::No; ranges.len()];
     if let Some(logits) = logits {
-        let wanted: Vec<(usize, RowSampling)> = device.iter().enumerate().filter_map(|(i, d)| d.map(|d| (i, d))).collect();
-        let rows: Vec<RowSampling> = wanted.iter().map(|&(_, d)| d).collect();
-        for ((seq, _), s) in wanted.iter().zip(g.sample_rows(logits, vocab, &rows)?) {
-            sampled[*seq] = Some(SampledToken { token: s.token, logprob: s.logprob, top_logprobs: Vec::new() });
+        let mut wanted: Vec<(usize, RowSampling)> = Vec::new();
+        for (i, d) in device.iter().enumerate() {
+            let Some(d) = d else { continue };
+            let mut row = d.sampling.clone();
+            if let Some(c) = &d.constraint {
+                match lock(c).mask_words(vocab) {
+                    Some(words) => row.mask = Some(words),
+                    None => {
+                        // The grammar allows nothing more: the sequence ends here.
+                        sampled[i] = Presampled::GrammarEnded;
+                        continue;
+                    }
+                }
+            }
+            wanted.push((i, row));
         }
-        if ranges.iter().zip(&sampled).any(|(range, s)| s.is_none() && !range.is_empty()) {
+        let rows: Vec<RowSampling> = wanted.iter().map(|(_, r)| r.clone()).collect();
+        for ((seq, _), s) in wanted.iter().zip(g.sample_rows(logits, vocab, &rows)?) {
+            if let Some(c) = device[*seq].as_ref().and_then(|d| d.constraint.as_ref()) {
+                if let Err(e) = lock(c).accept(s.token) {
+                    tracing::warn!("the grammar refused sampled token {}: {e}", s.token);
+                }
+            }
+            sampled[*seq] = Presampled::Token(SampledToken { token: s.token, logprob: s.logprob, top_logprobs: Vec::new() });
+        }
+        if ranges.iter().zip(&sampled).any(|(range, s)| *s == Presampled::No && !range.is_empty()) {
             // Only the rows sequences own (a graph's buffer has padding rows).
             let rows = ranges.iter().map(|r| r.end).max().unwrap_or(0);
             host = g.stream.clone_dtoh(&logits.slice(..rows * vocab))?;
@@ -185,9 +208,13 @@ fn finish(g: &Gpu, vocab: usize, ranges: &[Range<usize>], logits: Option<&mut Cu
     let logits = ranges
         .iter()
         .zip(&sampled)
-        .map(|(range, s)| if s.is_some() || range.is_empty() { Vec::new() } else { host[range.start * vocab..range.end * vocab].to_vec() })
+        .map(|(range, s)| if *s != Presampled::No || range.is_empty() { Vec::new() } else { host[range.start * vocab..range.end * vocab].to_vec() })
         .collect();
     Ok(StepLogits { logits, sampled })
+}
+
+fn lock(c: &crate::grammar::SharedConstraint) -> std::sync::MutexGuard<'_, crate::grammar::Constraint> {
+    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A step's results: per sequence, its logits on the host, or the token the
@@ -197,6 +224,6 @@ pub struct StepLogits {
     /// The requested logits (flattened) of sequences the host samples or
     /// that asked for logits.
     pub logits: Vec<Vec<f32>>,
-    /// Tokens sampled on the GPU.
-    pub sampled: Vec<Option<SampledToken>>,
+    /// What the GPU sampled, per sequence.
+    pub sampled: Vec<Presampled>,
 }

@@ -1,28 +1,79 @@
-//! Which sequences of a step sample on the GPU: those whose sampler the
-//! device kernel reproduces (no grammar, no penalties, no top logprobs, no
-//! logits wanted back). The rest sample on the host from copied logits.
+//! Which sequences of a step sample on the GPU: every one that samples,
+//! except those asking for top logprobs or for their logits back (the host
+//! sampler serves those from copied logits). Grammar masks and penalties
+//! go with the row: the mask is computed on the host (llguidance) right
+//! before the launch, and the grammar advances on the sampled token after.
 
-use crate::batch::{ForwardBatch, LogitsRequest, SeqInput};
+use crate::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
+use crate::grammar::SharedConstraint;
 use crate::runner::step_uniform;
 use spindle_kernels::device::RowSampling;
+use std::collections::BTreeMap;
 use std::ops::Range;
+
+/// A sequence sampled on the GPU: its row's parameters and its grammar.
+#[derive(Debug, Clone)]
+pub(super) struct DeviceRow {
+    pub(super) sampling: RowSampling,
+    pub(super) constraint: Option<SharedConstraint>,
+}
 
 /// Per sequence: how its last wanted row is sampled on the device, or
 /// `None` when the host samples it (or nothing is sampled).
-pub(super) fn device_rows(batch: &ForwardBatch, ranges: &[Range<usize>]) -> Vec<Option<RowSampling>> {
+pub(super) fn device_rows(batch: &ForwardBatch, ranges: &[Range<usize>]) -> Vec<Option<DeviceRow>> {
     batch.seqs.iter().zip(ranges).map(|(seq, range)| device_row(seq, range)).collect()
 }
 
-fn device_row(seq: &SeqInput, range: &Range<usize>) -> Option<RowSampling> {
+fn device_row(seq: &SeqInput, range: &Range<usize>) -> Option<DeviceRow> {
     let s = seq.sampling.as_ref()?;
     let p = &s.params;
-    let host_only = s.constraint.is_some()
-        || crate::batch::SeqSampling::needs_output_tokens(p)
-        || p.top_logprobs > 0
-        || seq.logits != LogitsRequest::None
-        || range.is_empty();
-    if host_only {
+    if p.top_logprobs > 0 || seq.logits != LogitsRequest::None || range.is_empty() {
         return None;
     }
-    Some(RowSampling { row: range.end - 1, temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, min_p: p.min_p, uniform: step_uniform(s) })
+    let sampling = RowSampling {
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        seen: seen_tokens(s),
+        ..RowSampling::plain(range.end - 1, p.temperature, p.top_k, p.top_p, p.min_p, step_uniform(s))
+    };
+    Some(DeviceRow { sampling, constraint: s.constraint.clone() })
+}
+
+/// The distinct tokens the penalties touch, each with its count in the
+/// output: the prompt's too when the repetition penalty is on.
+fn seen_tokens(s: &SeqSampling) -> Vec<(u32, u32)> {
+    let p = &s.params;
+    if !SeqSampling::needs_output_tokens(p) {
+        return Vec::new();
+    }
+    let mut counts = BTreeMap::new();
+    if p.repetition_penalty != 1.0 {
+        for &t in &s.prompt_tokens {
+            counts.entry(t).or_insert(0u32);
+        }
+    }
+    for &t in &s.output_tokens {
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    counts.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+
+    fn seq(params: SamplingParams, prompt: Vec<u32>, output: Vec<u32>) -> SeqSampling {
+        SeqSampling { params, constraint: None, generated: output.len(), output_tokens: output, prompt_tokens: prompt }
+    }
+
+    #[test]
+    fn seen_tokens_count_the_output_and_add_the_prompt_only_for_repetition() {
+        let freq = SamplingParams { frequency_penalty: 0.5, ..SamplingParams::default() };
+        assert_eq!(seen_tokens(&seq(freq, vec![9, 9, 4], vec![4, 7, 4])), vec![(4, 2), (7, 1)]);
+        let rep = SamplingParams { repetition_penalty: 1.3, ..SamplingParams::default() };
+        assert_eq!(seen_tokens(&seq(rep, vec![9, 9, 4], vec![4, 7, 4])), vec![(4, 2), (7, 1), (9, 0)]);
+        assert!(seen_tokens(&seq(SamplingParams::default(), vec![1], vec![2])).is_empty(), "no penalties, no entries");
+    }
 }

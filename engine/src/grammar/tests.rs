@@ -157,3 +157,39 @@ fn cached_grammars_give_independent_constraints() {
     assert!(g.cache.lock().unwrap().matchers.len() <= CACHE_CAPACITY);
     assert!(follows(&mut g.compile_lark(grammar).unwrap(), &tok, "ab"), "an evicted grammar compiles again");
 }
+
+/// `mask_words` (what the GPU sampler applies) forbids exactly what
+/// `mask_logits` sets to -inf, at every step: before, inside and after a
+/// reasoning gate, through a JSON document and once it is finished.
+#[test]
+fn mask_words_match_the_masked_logits_at_every_step() {
+    let (g, tok) = compiler();
+    let vocab = tok.vocab_size() + 5;
+    let think = tok.token_to_id("<think>").unwrap();
+    let close = 7u32;
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false,
+                        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
+    let mut c = g.compile_json_schema(schema).unwrap().after_thinking(think, close, false);
+    let mut script = vec![think, 100, close];
+    script.extend(tok.encode("{\"n\": 42}", false).unwrap());
+    let check = |c: &mut Constraint, step: usize| {
+        let mut logits = vec![0.5f32; vocab];
+        let any = c.mask_logits(&mut logits);
+        match c.mask_words(vocab) {
+            Some(words) => {
+                assert!(any, "step {step}: words allow tokens the logits forbid all of");
+                for (t, l) in logits.iter().enumerate() {
+                    let bit = words[t / 32] >> (t % 32) & 1 == 1;
+                    assert_eq!(bit, l.is_finite(), "step {step}: token {t}");
+                }
+            }
+            None => assert!(!any && logits.iter().all(|l| *l == f32::NEG_INFINITY), "step {step}: nothing allowed"),
+        }
+    };
+    for (step, &id) in script.iter().enumerate() {
+        check(&mut c, step);
+        c.accept(id).unwrap();
+    }
+    check(&mut c, script.len());
+    assert!(c.is_accepting());
+}
