@@ -15,10 +15,11 @@
 # SmolLM2 (98 MB) is over one call's 64 MiB of carry (working tree
 # included): with SPINDLE_MODEL_GGUF set, `prepare` also splits it into
 # parts of 40 MB, gpu-check/model/part.00, .01, .02 (with its sha256).
-# Carry gpu-check/bin and part.00 in a first call (`true` as the command),
-# part.01 in a second, then part.02 in the `run` call while the machine is
-# warm (ignored files carried earlier stay there): `run` joins the parts,
-# checks the sum and compares SmolLM2 too.
+# While the machine stays warm (ignored files carried earlier stay there),
+# carry gpu-check/bin in a first call, part.00 and part.01 in the next two
+# (`true` as the command), then part.02 in the `run` call: `run` joins the
+# parts, checks the sum, compares SmolLM2 too and measures the scheduler's
+# throughput with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=gpu-check/bin
@@ -39,8 +40,8 @@ prepare() {
     cp target/release/examples/paged_decode_bench "$BIN/"
     cargo build --release -p spindle-kernels --features cuda --example gemm_bench
     cp target/release/examples/gemm_bench "$BIN/"
-    cargo build --release -p spindle-benches --features cuda --bin gpu-model-bench
-    cp target/release/gpu-model-bench "$BIN/"
+    cargo build --release -p spindle-benches --features cuda --bin gpu-model-bench --bin sched-throughput
+    cp target/release/gpu-model-bench target/release/sched-throughput "$BIN/"
     strip "$BIN"/* 2>/dev/null || true  # (64 MiB travel to the device)
     if [ -n "${SPINDLE_MODEL_GGUF:-}" ] && [ -f "$SPINDLE_MODEL_GGUF" ]; then
         rm -rf gpu-check/model && mkdir -p gpu-check/model
@@ -122,6 +123,10 @@ run() {
     section "Paged decode attention bandwidth (8B geometry: 32 q heads, 8 kv heads, head_dim 128)" 60 "$BIN/paged_decode_bench" || true
     section "Linear-layer GEMMs: cuBLAS vs Spindle's kernels (8B layer shapes)" 90 "$BIN/gemm_bench" || true
     section "Whole model, Llama-3.1-8B shapes, random bf16 weights" 240 "$BIN/gpu-model-bench" || true
+    if [ -n "${SPINDLE_MODEL_GGUF:-}" ]; then
+        section "Scheduler throughput, SmolLM2-135M on the GPU (closed loop, 256 requests of 64 output tokens per level)" 90 \
+            "$BIN/sched-throughput" 16,64,256 256 64 --device cuda || true
+    fi
     local sanitizer
     sanitizer=$(find_sanitizer || true)
     for check in "memcheck gpu_kernels" "racecheck gpu_kernels" "memcheck cuda_forward"; do
