@@ -165,7 +165,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows_f32(int
         float v = l[t];
         if (rp != 1.0f) v = v > 0.0f ? v / rp : v * rp;
         const float c = pen_count[e];
-        if (c > 0.0f) v -= freq * c + pres;
+        // Rounded as the host rounds it (no fused multiply-add).
+        if (c > 0.0f) v -= __fadd_rn(__fmul_rn(freq, c), pres);
         l[t] = v;
     }
     __syncthreads();

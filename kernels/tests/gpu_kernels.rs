@@ -524,7 +524,8 @@ fn the_device_sampler_applies_grammar_masks_and_penalties_as_the_host_does() {
     }
     // Penalties: the best token seen in the prompt (repetition 2.0), the second
     // three times in the output (frequency 0.5, presence 0.25).
-    let seen = vec![(top[0] as u32, 0u32), (top[1] as u32, 3u32)];
+    let mut seen = vec![(top[0] as u32, 0u32), (top[1] as u32, 3u32)];
+    seen.sort_unstable();
     let penalize = |l: &mut [f32]| {
         for &(t, c) in &seen {
             let v = &mut l[t as usize];
@@ -534,30 +535,47 @@ fn the_device_sampler_applies_grammar_masks_and_penalties_as_the_host_does() {
             }
         }
     };
-    let mut masked = base.clone();
-    for (t, l) in masked.iter_mut().enumerate() {
-        if mask[t / 32] >> (t % 32) & 1 == 0 {
-            *l = f32::NEG_INFINITY;
+    let apply = |l: &mut [f32], mask: &[u32]| {
+        for (t, v) in l.iter_mut().enumerate() {
+            if mask[t / 32] >> (t % 32) & 1 == 0 {
+                *v = f32::NEG_INFINITY;
+            }
         }
-    }
+    };
+    let mut masked = base.clone();
+    apply(&mut masked, &mask);
     let mut penalized = base.clone();
     penalize(&mut penalized);
+    // A second mask (only odd ids) with the penalties on top: both at once.
+    let mut odd = vec![0u32; vocab.div_ceil(32)];
+    for t in (1..vocab).step_by(2) {
+        odd[t / 32] |= 1 << (t % 32);
+    }
+    let mut both = base.clone();
+    apply(&mut both, &odd);
+    penalize(&mut both);
+    let with_penalties = |r: RowSampling| RowSampling { repetition_penalty: 2.0, presence_penalty: 0.25, frequency_penalty: 0.5, seen: seen.clone(), ..r };
+    // Logits rows in a scrambled order: block i samples rows[i].row.
     let rows = vec![
-        RowSampling { mask: Some(mask.clone()), ..RowSampling::plain(0, 0.0, 0, 1.0, 0.0, 0.5) },
-        RowSampling { repetition_penalty: 2.0, presence_penalty: 0.25, frequency_penalty: 0.5, seen: seen.clone(), ..RowSampling::plain(1, 0.0, 0, 1.0, 0.0, 0.5) },
+        RowSampling { mask: Some(mask.clone()), ..RowSampling::plain(3, 0.0, 0, 1.0, 0.0, 0.5) },
+        with_penalties(RowSampling::plain(0, 0.0, 0, 1.0, 0.0, 0.5)),
         // Sampled under the mask: every draw must be allowed.
-        RowSampling { mask: Some(mask.clone()), ..RowSampling::plain(2, 1.5, 0, 1.0, 0.0, 0.999) },
+        RowSampling { mask: Some(mask.clone()), ..RowSampling::plain(1, 1.5, 0, 1.0, 0.0, 0.999) },
+        with_penalties(RowSampling { mask: Some(odd.clone()), ..RowSampling::plain(2, 0.0, 0, 1.0, 0.0, 0.5) }),
     ];
-    let mut d = g.stream.clone_htod(&base.repeat(3)).unwrap();
+    let mut d = g.stream.clone_htod(&base.repeat(4)).unwrap();
     let got = g.sample_rows(&mut d, vocab, &rows).unwrap();
     let log_softmax = |l: &[f32], t: usize| {
         let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         f64::from(l[t] - max) - l.iter().filter(|v| v.is_finite()).map(|&v| f64::from(v - max).exp()).sum::<f64>().ln()
     };
-    assert_eq!(got[0].token as usize, order(&masked)[0], "greedy under the mask");
-    assert!((f64::from(got[0].logprob) - log_softmax(&masked, got[0].token as usize)).abs() < 1e-3, "logprob of the masked logits");
-    assert_eq!(got[1].token as usize, order(&penalized)[0], "greedy after the penalties");
-    assert!((f64::from(got[1].logprob) - log_softmax(&penalized, got[1].token as usize)).abs() < 1e-3, "logprob of the penalized logits");
+    for (k, (want, what)) in [(&masked, "greedy under the mask"), (&penalized, "greedy after the penalties")].into_iter().enumerate() {
+        assert_eq!(got[k].token as usize, order(want)[0], "{what}");
+        assert!((f64::from(got[k].logprob) - log_softmax(want, got[k].token as usize)).abs() < 1e-3, "{what}: logprob");
+    }
+    assert_eq!(got[3].token as usize, order(&both)[0], "greedy under a mask and penalties");
+    assert!((f64::from(got[3].logprob) - log_softmax(&both, got[3].token as usize)).abs() < 1e-3, "mask and penalties: logprob");
     let t = got[2].token as usize;
     assert!(t <= 2000 && !top[..3].contains(&t), "a sampled token the mask forbids: {t}");
+    assert!(g.sample_rows(&mut d, vocab, &[RowSampling { seen: vec![(5, 1), (5, 2)], ..RowSampling::plain(0, 0.0, 0, 1.0, 0.0, 0.5) }]).is_err(), "repeated penalty tokens are refused");
 }

@@ -21,6 +21,7 @@ use spindle_engine::kv::BlockAllocator;
 use spindle_engine::load::load_model;
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::{sample_outputs, ModelRunner, Presampled};
+use spindle_engine::grammar::GrammarCompiler;
 use spindle_engine::sampling::SamplingParams;
 use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyDtype, TinyModelOptions};
 
@@ -96,6 +97,57 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     mixed_batch(&mut cpu, &mut gpu, prompt, label);
     graphs_match_eager(&mut gpu, prompt, label);
     device_and_host_sampling_agree(&mut gpu, prompt, label);
+    grammar_on_device_matches_the_host(&mut gpu, path, prompt, label);
+}
+
+/// Greedy decoding under a JSON grammar (a short list of letters), sampled on
+/// the GPU with one compiled constraint and on the host with another from
+/// the same schema: the same token at every step (the masks agree and both
+/// grammars advance), until the grammar ends on both.
+fn grammar_on_device_matches_the_host(gpu: &mut CudaModel, path: &str, prompt: &[u32], label: &str) {
+    let meta = spindle_engine::load::load_meta(path).expect("model meta");
+    let compiler = GrammarCompiler::new(&meta.tokenizer, gpu.config().vocab_size).expect("grammar compiler");
+    // Bounded: at most two one-letter items, no free whitespace.
+    let schema = serde_json::json!({"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2,
+        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
+    let on_gpu = compiler.compile_json_schema(schema.clone()).expect("schema").shared();
+    let on_host = compiler.compile_json_schema(schema).expect("schema").shared();
+    let mut alloc = BlockAllocator::new(BLOCKS);
+    let mut table = Vec::new();
+    let start = 10.min(prompt.len() - 1);
+    alloc.ensure(&mut table, start + 40, BLOCK_SIZE).expect("blocks");
+    gpu.forward(&batch(prompt[..start].to_vec(), 0, &table, LogitsRequest::None)).expect("prefill");
+    let step_with = |c: &spindle_engine::grammar::SharedConstraint, token: u32, pos: usize| {
+        let mut b = batch(vec![token], pos, &table, LogitsRequest::None);
+        b.seqs[0].sampling = Some(SeqSampling { params: SamplingParams::default(), constraint: Some(c.clone()), generated: pos - start, output_tokens: Vec::new(), prompt_tokens: Vec::new() });
+        b
+    };
+    let (mut token, mut pos, mut steps) = (prompt[start], start, 0);
+    loop {
+        gpu.set_device_sampling(true);
+        let device = gpu.forward_step(&step_with(&on_gpu, token, pos)).expect("device step").sampled.remove(0);
+        gpu.set_device_sampling(false);
+        let b = step_with(&on_host, token, pos);
+        let off = gpu.forward_step(&b).expect("host step");
+        gpu.set_device_sampling(true);
+        let host = sample_outputs(&b, off.logits, gpu.config().vocab_size).expect("host sampling").seqs.remove(0);
+        match device {
+            Presampled::Token(t) => {
+                let h = host.sampled.expect("the host sampled too");
+                assert_eq!(t.token, h.token, "{label}: grammar step {steps}: device vs host token");
+                token = t.token;
+            }
+            Presampled::GrammarEnded => {
+                assert!(host.grammar_ended, "{label}: the grammar ended on the GPU only, at step {steps}");
+                break;
+            }
+            Presampled::No => panic!("{label}: a constrained sequence went to the host"),
+        }
+        pos += 1;
+        steps += 1;
+        assert!(steps < 38, "{label}: the grammar did not end");
+    }
+    println!("{label}: {steps} grammar-constrained steps sampled on the GPU match the host's");
 }
 
 /// One step mixing a prefill chunk with decode steps, sampled greedily on

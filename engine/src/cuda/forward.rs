@@ -8,6 +8,7 @@ use crate::error::{EngineError, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use super::sample::DeviceRow;
+use rayon::prelude::*;
 use crate::runner::Presampled;
 use crate::sampling::SampledToken;
 use super::step::{Inputs, Workspace};
@@ -121,7 +122,7 @@ impl CudaModel {
             let ranges: Vec<Range<usize>> = p.ranges.iter().map(|r| if r.is_empty() { 0..0 } else { p.rows[r.start] as usize..p.rows[r.start] as usize + 1 }).collect();
             let device = self.device_rows(batch, &ranges, device_sampling);
             let vocab = self.config.vocab_size;
-            if let Some(step) = self.run_graph(&p, |g, logits| finish(g, vocab, &ranges, Some(logits), &device))? {
+            if let Some(step) = self.run_graph(&p, |g, logits| finish(g, batch, vocab, &ranges, Some(logits), &device))? {
                 return Ok(step);
             }
         }
@@ -139,7 +140,7 @@ impl CudaModel {
         self.workspace = Some(ws);
         let mut logits = logits?;
         let device = self.device_rows(batch, &p.ranges, device_sampling);
-        finish(&self.gpu, self.config.vocab_size, &p.ranges, logits.as_mut(), &device)
+        finish(&self.gpu, batch, self.config.vocab_size, &p.ranges, logits.as_mut(), &device)
     }
 
     fn device_rows(&self, batch: &ForwardBatch, ranges: &[Range<usize>], on: bool) -> Vec<Option<DeviceRow>> {
@@ -170,25 +171,24 @@ impl CudaModel {
 /// Per sequence (its rows of `logits` in `ranges`): sampled on the GPU where
 /// `device` says so (its grammar masked first and advanced after), else its
 /// logits copied to the host.
-fn finish(g: &Gpu, vocab: usize, ranges: &[Range<usize>], logits: Option<&mut CudaSlice<f32>>, device: &[Option<DeviceRow>]) -> Result<StepLogits> {
+fn finish(g: &Gpu, batch: &ForwardBatch, vocab: usize, ranges: &[Range<usize>], logits: Option<&mut CudaSlice<f32>>, device: &[Option<DeviceRow>]) -> Result<StepLogits> {
     let mut host = Vec::new();
     let mut sampled: Vec<Presampled> = vec![Presampled::No; ranges.len()];
     if let Some(logits) = logits {
+        // Penalty lists and grammar masks (llguidance), one sequence per
+        // thread, while the GPU runs the step.
+        let completed: Vec<(usize, Option<RowSampling>)> = device
+            .par_iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.as_ref().map(|d| (i, super::sample::complete(d, &batch.seqs[i], vocab))))
+            .collect();
         let mut wanted: Vec<(usize, RowSampling)> = Vec::new();
-        for (i, d) in device.iter().enumerate() {
-            let Some(d) = d else { continue };
-            let mut row = d.sampling.clone();
-            if let Some(c) = &d.constraint {
-                match lock(c).mask_words(vocab) {
-                    Some(words) => row.mask = Some(words),
-                    None => {
-                        // The grammar allows nothing more: the sequence ends here.
-                        sampled[i] = Presampled::GrammarEnded;
-                        continue;
-                    }
-                }
+        for (i, row) in completed {
+            match row {
+                Some(row) => wanted.push((i, row)),
+                // The grammar allows nothing more: the sequence ends here.
+                None => sampled[i] = Presampled::GrammarEnded,
             }
-            wanted.push((i, row));
         }
         let rows: Vec<RowSampling> = wanted.iter().map(|(_, r)| r.clone()).collect();
         for ((seq, _), s) in wanted.iter().zip(g.sample_rows(logits, vocab, &rows)?) {

@@ -8,7 +8,6 @@ use crate::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
 use crate::grammar::SharedConstraint;
 use crate::runner::step_uniform;
 use spindle_kernels::device::RowSampling;
-use std::collections::BTreeMap;
 use std::ops::Range;
 
 /// A sequence sampled on the GPU: its row's parameters and its grammar.
@@ -34,29 +33,44 @@ fn device_row(seq: &SeqInput, range: &Range<usize>) -> Option<DeviceRow> {
         repetition_penalty: p.repetition_penalty,
         presence_penalty: p.presence_penalty,
         frequency_penalty: p.frequency_penalty,
-        seen: seen_tokens(s),
         ..RowSampling::plain(range.end - 1, p.temperature, p.top_k, p.top_p, p.min_p, step_uniform(s))
     };
     Some(DeviceRow { sampling, constraint: s.constraint.clone() })
 }
 
-/// The distinct tokens the penalties touch, each with its count in the
-/// output: the prompt's too when the repetition penalty is on.
+/// `row` completed for sequence `seq`: its penalties' tokens and its
+/// grammar's mask (`None`: the grammar allows nothing, the sequence ends).
+/// Run after the step's kernels are queued, one sequence per thread.
+pub(super) fn complete(row: &DeviceRow, seq: &SeqInput, vocab: usize) -> Option<RowSampling> {
+    let mut sampling = row.sampling.clone();
+    if let Some(s) = &seq.sampling {
+        sampling.seen = seen_tokens(s);
+    }
+    if let Some(c) = &row.constraint {
+        sampling.mask = Some(c.lock().unwrap_or_else(std::sync::PoisonError::into_inner).mask_words(vocab)?);
+    }
+    Some(sampling)
+}
+
+/// The distinct tokens the penalties touch, in increasing order, each with
+/// its count in the output: the prompt's too when the repetition penalty is on.
 fn seen_tokens(s: &SeqSampling) -> Vec<(u32, u32)> {
     let p = &s.params;
     if !SeqSampling::needs_output_tokens(p) {
         return Vec::new();
     }
-    let mut counts = BTreeMap::new();
-    if p.repetition_penalty != 1.0 {
-        for &t in &s.prompt_tokens {
-            counts.entry(t).or_insert(0u32);
+    // (token, 1 per output occurrence, 0 for a prompt one), sorted, then merged.
+    let prompt = if p.repetition_penalty != 1.0 { s.prompt_tokens.as_slice() } else { &[] };
+    let mut all: Vec<(u32, u32)> = prompt.iter().map(|&t| (t, 0)).chain(s.output_tokens.iter().map(|&t| (t, 1))).collect();
+    all.sort_unstable();
+    let mut merged: Vec<(u32, u32)> = Vec::with_capacity(all.len());
+    for (t, c) in all {
+        match merged.last_mut() {
+            Some(last) if last.0 == t => last.1 += c,
+            _ => merged.push((t, c)),
         }
     }
-    for &t in &s.output_tokens {
-        *counts.entry(t).or_insert(0) += 1;
-    }
-    counts.into_iter().collect()
+    merged
 }
 
 #[cfg(test)]

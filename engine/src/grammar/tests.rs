@@ -172,18 +172,29 @@ fn mask_words_match_the_masked_logits_at_every_step() {
     let mut c = g.compile_json_schema(schema).unwrap().after_thinking(think, close, false);
     let mut script = vec![think, 100, close];
     script.extend(tok.encode("{\"n\": 42}", false).unwrap());
+    // Step 0 is before the gate (the grammar or the opening token), 1 and 2
+    // inside the reasoning, 3 on under the grammar alone.
     let check = |c: &mut Constraint, step: usize| {
         let mut logits = vec![0.5f32; vocab];
         let any = c.mask_logits(&mut logits);
-        match c.mask_words(vocab) {
-            Some(words) => {
-                assert!(any, "step {step}: words allow tokens the logits forbid all of");
-                for (t, l) in logits.iter().enumerate() {
-                    let bit = words[t / 32] >> (t % 32) & 1 == 1;
-                    assert_eq!(bit, l.is_finite(), "step {step}: token {t}");
-                }
-            }
-            None => assert!(!any && logits.iter().all(|l| *l == f32::NEG_INFINITY), "step {step}: nothing allowed"),
+        let Some(words) = c.mask_words(vocab) else {
+            // Finished: nothing allowed, and the logits say so too.
+            assert!(!any && c.allowed().num_set() == 0 && logits.iter().all(|l| *l == f32::NEG_INFINITY), "step {step}");
+            return;
+        };
+        assert!(any, "step {step}");
+        // Independently of mask_words: what the matcher allows, plus the
+        // gate's opening token before it, or everything but EOS inside it.
+        let allowed = c.allowed();
+        for (t, l) in logits.iter().enumerate() {
+            let bit = words[t / 32] >> (t % 32) & 1 == 1;
+            assert_eq!(bit, l.is_finite(), "step {step}: token {t}: words vs masked logits");
+            let expected = match step {
+                0 => allowed.is_allowed(t as u32) || t as u32 == think,
+                1 | 2 => t != 2,
+                _ => allowed.is_allowed(t as u32),
+            };
+            assert_eq!(bit, expected, "step {step}: token {t}: words vs the matcher");
         }
     };
     for (step, &id) in script.iter().enumerate() {

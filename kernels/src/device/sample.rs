@@ -28,8 +28,8 @@ pub struct RowSampling {
     pub presence_penalty: f32,
     /// Subtracted per occurrence in the output.
     pub frequency_penalty: f32,
-    /// Distinct tokens of prompt and output, each with its count in the
-    /// output (0: prompt only); empty without penalties.
+    /// Distinct tokens of prompt and output in increasing order, each with
+    /// its count in the output (0: prompt only); empty without penalties.
     pub seen: Vec<(u32, u32)>,
     /// The grammar's allowed ids, bit `t % 32` of word `t / 32`; `None` without a grammar.
     pub mask: Option<Vec<u32>>,
@@ -83,6 +83,9 @@ impl Gpu {
         let words = vocab.div_ceil(32);
         if let Some(bad) = rows.iter().filter_map(|r| r.mask.as_ref()).find(|m| m.len() != words) {
             return Err(CudaError::Shape(format!("a grammar mask of {} words for a vocabulary of {vocab} ({words} words)", bad.len())));
+        }
+        if rows.iter().any(|r| r.seen.windows(2).any(|w| w[0].0 >= w[1].0)) {
+            return Err(CudaError::Shape("penalty tokens must be distinct and in increasing order".into()));
         }
         let row_ids = rows.iter().map(|r| int(r.row)).collect::<Result<Vec<i32>, _>>()?;
         let top_k = rows.iter().map(|r| int(r.top_k.min(vocab))).collect::<Result<Vec<i32>, _>>()?;
