@@ -4,6 +4,7 @@
 
 use super::CudaModel;
 use crate::batch::{ForwardBatch, LogitsRequest};
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use cudarc::driver::CudaSlice;
 use half::bf16;
@@ -19,6 +20,7 @@ use std::ops::Range;
 /// order: those with one new token (decode) first, then the rest, so each
 /// attention kernel takes a contiguous run of rows; per-sequence arrays are
 /// in step order, `ranges` in batch order.
+#[derive(Debug)]
 pub(super) struct Plan {
     pub(super) ids: Vec<u32>,
     pub(super) positions: Vec<usize>,
@@ -41,7 +43,14 @@ pub(super) struct Plan {
 
 impl CudaModel {
     fn plan(&self, batch: &ForwardBatch) -> Result<Plan> {
-        let c = &self.config;
+        Plan::new(&self.config, self.block_size, self.num_blocks, batch)
+    }
+}
+
+impl Plan {
+    /// The step's arrays for `batch` on a cache of `num_blocks` blocks of
+    /// `block_size`; a batch the model or the cache cannot take is an error.
+    fn new(c: &ModelConfig, block_size: usize, num_blocks: usize, batch: &ForwardBatch) -> Result<Self> {
         let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0).max(1);
         let mut p = Plan {
             ids: Vec::new(),
@@ -70,11 +79,11 @@ impl CudaModel {
             if let Some(bad) = seq.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
                 return Err(EngineError::InvalidBatch(format!("token id {bad} is outside the vocabulary")));
             }
-            if end.div_ceil(self.block_size) > seq.block_table.len() {
+            if end.div_ceil(block_size) > seq.block_table.len() {
                 return Err(EngineError::InvalidBatch(format!("block table of {} blocks does not cover position {}", seq.block_table.len(), end - 1)));
             }
-            if let Some(bad) = seq.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
-                return Err(EngineError::InvalidBatch(format!("block {bad} is outside the pool of {}", self.num_blocks)));
+            if let Some(bad) = seq.block_table.iter().find(|&&b| b as usize >= num_blocks) {
+                return Err(EngineError::InvalidBatch(format!("block {bad} is outside the pool of {num_blocks}")));
             }
             let mut table: Vec<i32> = seq.block_table.iter().map(|&b| b as i32).collect();
             table.resize(max_blocks, 0);
@@ -85,7 +94,7 @@ impl CudaModel {
                 let pos = seq.start_pos + j;
                 p.ids.push(tok);
                 p.positions.push(pos);
-                p.slots.push((seq.block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size) as i64);
+                p.slots.push((seq.block_table[pos / block_size] as usize * block_size + pos % block_size) as i64);
                 p.seq_of.push(step_index);
             }
             p.q_starts.push(p.ids.len() as i32);
@@ -100,7 +109,30 @@ impl CudaModel {
         }
         Ok(p)
     }
+}
 
+#[cfg(test)]
+impl Plan {
+    /// A decode-only plan: one token per sequence, tables `max_blocks` wide.
+    pub(super) fn for_test(ids: Vec<u32>, positions: Vec<usize>, slots: Vec<i64>, tables: Vec<i32>, max_blocks: usize) -> Self {
+        let n = ids.len();
+        Self {
+            start_pos: positions.iter().map(|&p| p as i32).collect(),
+            q_starts: (0..=n as i32).collect(),
+            seq_of: (0..n).collect(),
+            decode_seqs: n,
+            rows: (0..n as u32).collect(),
+            ranges: (0..n).map(|i| i..i + 1).collect(),
+            ids,
+            positions,
+            slots,
+            tables,
+            max_blocks,
+        }
+    }
+}
+
+impl CudaModel {
     /// Runs the batch; returns, per sequence, the requested logits
     /// (flattened), as the CPU model does. Nothing is sampled.
     pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
@@ -226,4 +258,66 @@ pub struct StepLogits {
     pub logits: Vec<Vec<f32>>,
     /// What the GPU sampled, per sequence.
     pub sampled: Vec<Presampled>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::batch::{SeqInput, SeqSampling};
+    use crate::sampling::SamplingParams;
+
+    /// A small Llama-shaped config.
+    fn config() -> ModelConfig {
+        let json = serde_json::json!({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 100,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0});
+        ModelConfig::from_hf_json(&json).unwrap()
+    }
+
+    fn seq(tokens: Vec<u32>, start_pos: usize, table: Vec<u32>, logits: LogitsRequest, sampled: bool) -> SeqInput {
+        let sampling = sampled.then(|| SeqSampling { params: SamplingParams::default(), constraint: None, generated: 0, output_tokens: Vec::new(), prompt_tokens: Vec::new() });
+        SeqInput { tokens, start_pos, block_table: table, logits, sampling }
+    }
+
+    #[test]
+    fn decode_sequences_come_first_and_ranges_stay_in_batch_order() {
+        // Batch order: a prefill chunk (all logits), a decode step (sampled),
+        // a prefill chunk (nothing wanted), a decode step (last logits).
+        let batch = ForwardBatch { seqs: vec![
+            seq(vec![1, 2, 3], 16, vec![4, 5], LogitsRequest::All, false),
+            seq(vec![7], 40, vec![0, 1, 2], LogitsRequest::None, true),
+            seq(vec![8, 9], 0, vec![6], LogitsRequest::None, false),
+            seq(vec![10], 5, vec![3], LogitsRequest::Last, false),
+        ] };
+        let p = Plan::new(&config(), 16, 8, &batch).unwrap();
+        // Step order: seqs 1 and 3 (decode), then 0 and 2.
+        assert_eq!(p.decode_seqs, 2);
+        assert_eq!(p.ids, vec![7, 10, 1, 2, 3, 8, 9]);
+        assert_eq!(p.positions, vec![40, 5, 16, 17, 18, 0, 1]);
+        assert_eq!(p.slots, vec![2 * 16 + 8, 3 * 16 + 5, 5 * 16, 5 * 16 + 1, 5 * 16 + 2, 6 * 16, 6 * 16 + 1]);
+        assert_eq!(p.q_starts, vec![0, 1, 2, 5, 7]);
+        assert_eq!(p.start_pos, vec![40, 5, 16, 0]);
+        assert_eq!(p.seq_of, vec![0, 1, 2, 2, 2, 3, 3]);
+        assert_eq!(p.max_blocks, 3);
+        assert_eq!(p.tables, vec![0, 1, 2, 3, 0, 0, 4, 5, 0, 6, 0, 0]);
+        // Logits rows: seq 1's token (row 0), seq 3's (row 1), seq 0's three (rows 2..5).
+        assert_eq!(p.rows, vec![0, 1, 2, 3, 4]);
+        let rows_of = |i: usize| p.ranges[i].clone().map(|r| p.rows[r]).collect::<Vec<_>>();
+        assert_eq!(rows_of(0), vec![2, 3, 4]);
+        assert_eq!(rows_of(1), vec![0]);
+        assert!(rows_of(2).is_empty());
+        assert_eq!(rows_of(3), vec![1]);
+    }
+
+    #[test]
+    fn batches_the_cache_or_model_cannot_take_are_errors() {
+        let c = config();
+        let bad = |s: SeqInput| Plan::new(&c, 16, 8, &ForwardBatch { seqs: vec![s] }).unwrap_err().to_string();
+        assert!(bad(seq(vec![], 0, vec![0], LogitsRequest::None, false)).contains("no new tokens"));
+        assert!(bad(seq(vec![100], 0, vec![0], LogitsRequest::None, false)).contains("outside the vocabulary"));
+        assert!(bad(seq(vec![1; 17], 0, vec![0], LogitsRequest::None, false)).contains("does not cover"));
+        assert!(bad(seq(vec![1], 0, vec![8], LogitsRequest::None, false)).contains("outside the pool"));
+        assert!(matches!(Plan::new(&c, 16, 8, &ForwardBatch { seqs: vec![seq(vec![1], 4096, vec![0; 257], LogitsRequest::None, false)] }), Err(EngineError::ContextLengthExceeded { .. })));
+    }
 }

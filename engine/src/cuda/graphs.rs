@@ -207,37 +207,20 @@ impl CudaModel {
         Ok(true)
     }
 
-    /// The step's inputs, padded to the bucket: ids 0, slots -1, position 0,
-    /// block tables of zeros and contexts of 1 for the padding rows.
+    /// The step's inputs, padded to the bucket (see [`Padded`]).
     fn fill(&self, bucket: &mut Bucket, p: &Plan, blocks: usize) -> Result<()> {
-        let (n, size) = (p.ids.len(), bucket.size);
         let s = &self.gpu.stream;
-        let mut ids = p.ids.clone();
-        ids.resize(size, 0);
-        let mut slots = p.slots.clone();
-        slots.resize(size, -1);
-        let mut positions = p.positions.clone();
-        positions.resize(size, 0);
-        let angles = self.rope.angles(&positions);
-        let mut tables = vec![0i32; size * blocks];
-        for row in 0..n {
-            let seq = p.seq_of[row];
-            let src = &p.tables[seq * p.max_blocks..(seq + 1) * p.max_blocks];
-            tables[row * blocks..row * blocks + p.max_blocks].copy_from_slice(src);
-        }
-        let mut context: Vec<i32> = p.positions.iter().map(|&pos| (pos + 1) as i32).collect();
-        context.resize(size, 1);
-        s.memcpy_htod(&ids, &mut bucket.inputs.ids)?;
-        s.memcpy_htod(&slots, &mut bucket.inputs.slots)?;
+        let padded = Padded::new(p, bucket.size, blocks);
+        let angles = self.rope.angles(&padded.positions);
+        s.memcpy_htod(&padded.ids, &mut bucket.inputs.ids)?;
+        s.memcpy_htod(&padded.slots, &mut bucket.inputs.slots)?;
         s.memcpy_htod(angles.cos(), &mut bucket.inputs.cos)?;
         s.memcpy_htod(angles.sin(), &mut bucket.inputs.sin)?;
-        s.memcpy_htod(&tables, &mut bucket.tables)?;
-        s.memcpy_htod(&context, &mut bucket.context)?;
+        s.memcpy_htod(&padded.tables, &mut bucket.tables)?;
+        s.memcpy_htod(&padded.context, &mut bucket.context)?;
         Ok(())
     }
 
-    /// Records the bucket's whole step (layers, final norm, output head) at
-    /// `blocks` into a graph.
     /// The bucket's whole step (layers, final norm, output head) at
     /// `blocks`: the launches a graph records (allocating nothing).
     fn graph_pass(&mut self, bucket: &mut Bucket, blocks: usize) -> Result<()> {
@@ -278,5 +261,62 @@ impl CudaModel {
         };
         pass?;
         graph.ok_or_else(|| EngineError::Backend("stream capture produced no graph".into()))
+    }
+}
+
+/// A decode step's host arrays padded to `size` rows and tables `blocks`
+/// wide: padding rows have id 0, slot -1 (nothing written), position 0,
+/// a table of zeros and a context of 1.
+#[derive(Debug, PartialEq)]
+struct Padded {
+    ids: Vec<u32>,
+    slots: Vec<i64>,
+    positions: Vec<usize>,
+    tables: Vec<i32>,
+    context: Vec<i32>,
+}
+
+impl Padded {
+    fn new(p: &Plan, size: usize, blocks: usize) -> Self {
+        let n = p.ids.len();
+        let mut ids = p.ids.clone();
+        ids.resize(size, 0);
+        let mut slots = p.slots.clone();
+        slots.resize(size, -1);
+        let mut positions = p.positions.clone();
+        positions.resize(size, 0);
+        let mut tables = vec![0i32; size * blocks];
+        for row in 0..n {
+            let seq = p.seq_of[row];
+            let src = &p.tables[seq * p.max_blocks..(seq + 1) * p.max_blocks];
+            tables[row * blocks..row * blocks + p.max_blocks].copy_from_slice(src);
+        }
+        let mut context: Vec<i32> = p.positions.iter().map(|&pos| (pos + 1) as i32).collect();
+        context.resize(size, 1);
+        Self { ids, slots, positions, tables, context }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_round_up_and_stop_at_256() {
+        assert_eq!(batch_bucket(1), Some(0));
+        assert_eq!(BATCH_BUCKETS[batch_bucket(3).unwrap_or(0)], 4);
+        assert_eq!(BATCH_BUCKETS[batch_bucket(129).unwrap_or(0)], 256);
+        assert_eq!(batch_bucket(257), None);
+    }
+
+    #[test]
+    fn padding_rows_write_nothing_and_attend_to_one_position() {
+        let p = Plan::for_test(vec![7, 9], vec![3, 20], vec![35, 330], vec![1, 2, 4, 5], 2);
+        let padded = Padded::new(&p, 4, 4);
+        assert_eq!(padded.ids, vec![7, 9, 0, 0]);
+        assert_eq!(padded.slots, vec![35, 330, -1, -1]);
+        assert_eq!(padded.positions, vec![3, 20, 0, 0]);
+        assert_eq!(padded.tables, vec![1, 2, 0, 0, 4, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(padded.context, vec![4, 21, 1, 1]);
     }
 }
