@@ -28,11 +28,6 @@ extern "C" __global__ void kv_write_bf16(bf16* __restrict__ k_cache, bf16* __res
     }
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
 // Max of `v` over the block (blockDim.x a multiple of 32); every thread gets it.
 __device__ __forceinline__ float block_max(float v) {
     __shared__ float partial[32];

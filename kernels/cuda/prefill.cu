@@ -21,11 +21,6 @@ using namespace nvcuda;
 #define PF_N 64
 #define PF_THREADS 128
 
-__device__ __forceinline__ float pf_warp_max(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
 extern "C" __global__ void paged_prefill_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
                                               const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                                               const int* __restrict__ block_tables, const int* __restrict__ q_starts,
@@ -115,7 +110,7 @@ extern "C" __global__ void paged_prefill_bf16(bf16* __restrict__ out, const bf16
             const float v0 = (live && n0 + lane <= pos) ? Ss[r * LDS + lane] * scale : -INFINITY;
             const float v1 = (live && n0 + lane + 32 <= pos) ? Ss[r * LDS + lane + 32] * scale : -INFINITY;
             const float old_max = row_max[r];
-            const float new_max = fmaxf(old_max, pf_warp_max(fmaxf(v0, v1)));
+            const float new_max = fmaxf(old_max, warp_max(fmaxf(v0, v1)));
             const float base = new_max == -INFINITY ? 0.0f : new_max;
             const float p0 = __expf(v0 - base), p1 = __expf(v1 - base);
             const float alpha = __expf(old_max - base);

@@ -27,11 +27,8 @@ __device__ __forceinline__ float sanitized(float l) {
     return l;
 }
 
-// Block-wide (value, index) max, lowest index on ties; every thread gets it.
-__device__ void block_argmax(float& v, int& idx) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+// Warp-wide (value, index) max, lowest index on ties; every lane gets it.
+__device__ __forceinline__ void warp_argmax(float& v, int& idx) {
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, v, o);
         const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -40,6 +37,14 @@ __device__ void block_argmax(float& v, int& idx) {
             idx = oi;
         }
     }
+}
+
+// Block-wide (value, index) max, lowest index on ties; every thread gets it.
+__device__ void block_argmax(float& v, int& idx) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    warp_argmax(v, idx);
     if (lane == 0) {
         sv[warp] = v;
         si[warp] = idx;
@@ -48,14 +53,7 @@ __device__ void block_argmax(float& v, int& idx) {
     if (warp == 0) {
         v = lane < warps ? sv[lane] : -INFINITY;
         idx = lane < warps ? si[lane] : INT_MAX;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-            if (ov > v || (ov == v && oi < idx)) {
-                v = ov;
-                idx = oi;
-            }
-        }
+        warp_argmax(v, idx);
         if (lane == 0) {
             sv[0] = v;
             si[0] = idx;
