@@ -177,10 +177,10 @@ fn tensor_data_past_end_of_file() {
 
 #[test]
 fn unknown_tensor_type_id() {
-    let r = Raw::header(3, 1, 0).tensor("w", &[32], 6, 0).pad_to(512);
+    let r = Raw::header(3, 1, 0).tensor("w", &[32], 10, 0).pad_to(512);
     match r.parse() {
         Err(EngineError::UnsupportedDtype(m)) => {
-            assert!(m.contains('6') && m.contains("`w`"), "{m}")
+            assert!(m.contains("10") && m.contains("`w`") && m.contains("supported: "), "{m}")
         }
         other => panic!("expected UnsupportedDtype, got {other:?}"),
     }

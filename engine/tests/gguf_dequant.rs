@@ -72,7 +72,7 @@ fn assert_close(name: &str, got: &[f32], want: &[f32]) {
 fn fixture_covers_every_type() {
     let names: Vec<String> = cases().into_iter().map(|c| c.name).collect();
     for t in [
-        "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+        "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
     ] {
         assert!(names.iter().any(|n| n == t), "fixture lacks {t}");
     }

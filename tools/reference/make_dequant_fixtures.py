@@ -42,6 +42,9 @@ QUANT_TYPES: dict[T, tuple[int, list[int]]] = {
     T.Q4_K: (2, [0, 2]),
     T.Q5_K: (2, [0, 2]),
     T.Q6_K: (2, [208]),
+    # Appended (not inserted) so the cases above keep their random bytes.
+    T.Q5_0: (4, [0]),
+    T.Q5_1: (4, [0, 2]),
 }
 FLOAT_ELEMENTS = 64
 

@@ -362,7 +362,10 @@ fn parse_tensor_info(c: &mut Cursor<'_>, i: usize) -> Result<RawTensorInfo> {
     }
     let type_id = c.u32("tensor type")?;
     let dtype = GgmlType::from_id(type_id).map_err(|_| {
-        EngineError::UnsupportedDtype(format!("ggml type id {type_id} (tensor `{name}`)"))
+        EngineError::UnsupportedDtype(format!(
+            "ggml type id {type_id} (tensor `{name}`; supported: {})",
+            GgmlType::SUPPORTED_NAMES
+        ))
     })?;
     let rel_offset = c.u64("tensor offset")?;
     let size = tensor_size(&name, dtype, &ne)?;

@@ -15,6 +15,10 @@ pub enum GgmlType {
     Q4_0,
     /// 4-bit, 32 per block, f16 scale and min.
     Q4_1,
+    /// 5-bit, 32 per block, one f16 scale (value = d·(q − 16)).
+    Q5_0,
+    /// 5-bit, 32 per block, f16 scale and min (value = d·q + m).
+    Q5_1,
     /// 8-bit, 32 per block, one f16 scale.
     Q8_0,
     /// 8-bit, 32 per block, f32 scale and f32 sum (activation type; not in files).
@@ -28,6 +32,9 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// The types a GGUF file's tensors may have, as named in errors.
+    pub const SUPPORTED_NAMES: &'static str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+
     /// Map the numeric type id used in GGUF files.
     pub fn from_id(id: u32) -> Result<Self> {
         Ok(match id {
@@ -35,13 +42,20 @@ impl GgmlType {
             1 => Self::F16,
             2 => Self::Q4_0,
             3 => Self::Q4_1,
+            6 => Self::Q5_0,
+            7 => Self::Q5_1,
             8 => Self::Q8_0,
             9 => Self::Q8_1,
             12 => Self::Q4K,
             13 => Self::Q5K,
             14 => Self::Q6K,
             30 => Self::BF16,
-            other => return Err(EngineError::UnsupportedDtype(format!("ggml type id {other}"))),
+            other => {
+                return Err(EngineError::UnsupportedDtype(format!(
+                    "ggml type id {other} (supported: {})",
+                    Self::SUPPORTED_NAMES
+                )))
+            }
         })
     }
 
@@ -52,6 +66,8 @@ impl GgmlType {
             Self::F16 => 1,
             Self::Q4_0 => 2,
             Self::Q4_1 => 3,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
             Self::Q8_0 => 8,
             Self::Q8_1 => 9,
             Self::Q4K => 12,
@@ -65,7 +81,7 @@ impl GgmlType {
     pub fn block_size(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 | Self::Q8_1 => 32,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
     }
@@ -77,6 +93,8 @@ impl GgmlType {
             Self::F16 | Self::BF16 => 2,
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::Q8_0 => 34,
             Self::Q8_1 => 40,
             Self::Q4K => 144,
@@ -105,10 +123,13 @@ mod tests {
 
     #[test]
     fn ids_round_trip() {
-        for id in [0u32, 1, 2, 3, 8, 9, 12, 13, 14, 30] {
+        for id in [0u32, 1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 30] {
             assert_eq!(GgmlType::from_id(id).map(|t| t.id()).ok(), Some(id));
         }
-        assert!(GgmlType::from_id(6).is_err());
+        match GgmlType::from_id(10) {
+            Err(EngineError::UnsupportedDtype(m)) => assert!(m.contains("id 10") && m.contains("Q5_0"), "{m}"),
+            other => panic!("Q2_K (id 10) must be refused naming the supported types, got {other:?}"),
+        }
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Linear layers whose weights stay in their file format (quantized blocks or
 //! f32) and the CPU matmul over them.
 //!
-//! Quantized weights are never expanded to f32 up front: Q4_0/Q4_1/Q8_0 rows
-//! are multiplied with 8-bit-quantized activations by integer SIMD kernels
-//! (the llama.cpp approach), and other block types (K-quants) are dequantized
-//! one row at a time into a small scratch buffer. This keeps the resident
+//! Quantized weights are never expanded to f32 up front: Q4_0/Q4_1/Q5_0/Q5_1/
+//! Q8_0 rows are multiplied with activations quantized to 8 bits per 32
+//! values, and K-quant rows (Q4_K/Q5_K/Q6_K) with activations quantized per
+//! 256, by integer SIMD kernels (the llama.cpp approach). Only `--precision
+//! exact` (or a row length the kernels cannot take) dequantizes rows, one at a
+//! time into a small scratch buffer. This keeps the resident
 //! weights at their file size (98 MB for SmolLM2 Q4_1, not 540 MB) and makes
 //! decode memory-bandwidth bound on 4.5 bits per weight instead of 32.
 
@@ -12,7 +14,9 @@ use crate::error::{EngineError, Result};
 use crate::gguf::types::GgmlType;
 use crate::quant::dequant::dequantize;
 use crate::quant::dot::{dot_kernels, quantize_row_q8, DotKernels, Q8Block, QK};
+use crate::quant::dequant::QK_K;
 use crate::quant::gemm::{gemm_kernels, interleave, GemmKernels, Q8Group, GROUP};
+use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, KDotKernels, Q8KBlock};
 use super::SendPtr;
 use crate::simd;
 use crate::weights::TensorView;
@@ -30,7 +34,14 @@ pub enum MatmulPrecision {
 
 enum WeightData {
     F32(Vec<f32>),
-    Blocks { dtype: GgmlType, bytes: Vec<u8>, row_bytes: usize, kernels: Option<DotKernels>, gemm: Option<GemmKernels> },
+    Blocks {
+        dtype: GgmlType,
+        bytes: Vec<u8>,
+        row_bytes: usize,
+        kernels: Option<DotKernels>,
+        gemm: Option<GemmKernels>,
+        kquant: Option<KDotKernels>,
+    },
 }
 
 /// A `[rows, cols]` weight matrix (`y = x · Wᵀ`), optionally with a bias.
@@ -80,7 +91,8 @@ impl Linear {
                 }
                 let kernels = if cols % QK == 0 { dot_kernels(dtype) } else { None };
                 let gemm = if cols % QK == 0 { gemm_kernels(dtype) } else { None };
-                WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernels, gemm }
+                let kquant = if cols % QK_K == 0 { kdot_kernels(dtype) } else { None };
+                WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernels, gemm, kquant }
             }
         };
         Ok(Self { rows, cols, data, bias: None })
@@ -142,11 +154,14 @@ impl Linear {
         matmul_many(&mut [MatmulJob { layer: self, out }], x, n, precision)
     }
 
-    fn fast_kernels(&self, precision: MatmulPrecision) -> Option<DotKernels> {
-        match &self.data {
-            WeightData::Blocks { kernels: Some(k), .. } if precision == MatmulPrecision::Fast => Some(*k),
-            _ => None,
-        }
+    /// Whether the fast path multiplies this layer with per-32 8-bit activations.
+    fn takes_q8(&self, precision: MatmulPrecision) -> bool {
+        precision == MatmulPrecision::Fast && matches!(&self.data, WeightData::Blocks { kernels: Some(_), .. })
+    }
+
+    /// Whether the fast path multiplies this layer with per-256 8-bit activations.
+    fn takes_q8k(&self, precision: MatmulPrecision) -> bool {
+        precision == MatmulPrecision::Fast && matches!(&self.data, WeightData::Blocks { kquant: Some(_), .. })
     }
 
     /// Compute output rows `rows` for all `n` tokens, writing through `write(r, t, v)`.
@@ -186,6 +201,37 @@ impl Linear {
                         for (lane, v) in out.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
                             write(r, g * GROUP + lane, *v);
                         }
+                    }
+                }
+            }
+            WeightData::Blocks { bytes, row_bytes, kquant: Some(k), .. }
+                if precision == MatmulPrecision::Fast && !xq.krows.is_empty() =>
+            {
+                let nb = cols / QK_K;
+                let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
+                let mut r = rows.start;
+                if n < 4 {
+                    while r + 4 <= rows.end {
+                        for t in 0..n {
+                            let out = (k.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.krows[t * nb..(t + 1) * nb]);
+                            for (i, v) in out.into_iter().enumerate() {
+                                write(r + i, t, v);
+                            }
+                        }
+                        r += 4;
+                    }
+                }
+                for r in r..rows.end {
+                    let wr = row(r);
+                    let mut t = 0;
+                    while t + 4 <= n {
+                        for (j, v) in (k.four)(wr, &xq.krows[t * nb..(t + 4) * nb], nb).into_iter().enumerate() {
+                            write(r, t + j, v);
+                        }
+                        t += 4;
+                    }
+                    for t in t..n {
+                        write(r, t, (k.one)(wr, &xq.krows[t * nb..(t + 1) * nb]));
                     }
                 }
             }
@@ -240,25 +286,41 @@ impl Linear {
     }
 }
 
-/// The input of a fast matmul: 8-bit rows, and for prefill-sized batches the
-/// same values interleaved 8 tokens at a time for the grouped kernel.
+/// The input of a fast matmul: 8-bit rows (per 32 values), for prefill-sized
+/// batches the same values interleaved 16 tokens at a time for the grouped
+/// kernel, and 8-bit rows per 256 values for K-quant layers. Each part is
+/// empty when no layer of the matmul needs it.
+#[derive(Default)]
 struct QuantizedInput {
     rows: Vec<Q8Block>,
     groups: Vec<Q8Group>,
+    krows: Vec<Q8KBlock>,
 }
 
 /// Batches at least this large use the grouped (token-lane) kernel.
 const GROUPED_MIN_TOKENS: usize = 8;
 
 impl QuantizedInput {
-    fn new(x: &[f32], n: usize, cols: usize) -> Self {
-        let nb = cols / QK;
-        let mut rows = vec![Q8Block::default(); n * nb];
-        for t in 0..n {
-            quantize_row_q8(&x[t * cols..(t + 1) * cols], &mut rows[t * nb..(t + 1) * nb]);
+    fn new(x: &[f32], n: usize, cols: usize, q8: bool, q8k: bool) -> Self {
+        let mut input = Self::default();
+        if q8 && cols % QK == 0 {
+            let nb = cols / QK;
+            input.rows = vec![Q8Block::default(); n * nb];
+            for t in 0..n {
+                quantize_row_q8(&x[t * cols..(t + 1) * cols], &mut input.rows[t * nb..(t + 1) * nb]);
+            }
+            if n >= GROUPED_MIN_TOKENS {
+                input.groups = interleave(&input.rows, n, nb);
+            }
         }
-        let groups = if n >= GROUPED_MIN_TOKENS { interleave(&rows, n, nb) } else { Vec::new() };
-        Self { rows, groups }
+        if q8k && cols % QK_K == 0 {
+            let nb = cols / QK_K;
+            input.krows = vec![Q8KBlock::default(); n * nb];
+            for t in 0..n {
+                quantize_row_q8k(&x[t * cols..(t + 1) * cols], &mut input.krows[t * nb..(t + 1) * nb]);
+            }
+        }
+        input
     }
 }
 
@@ -279,11 +341,9 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
             return Err(EngineError::InvalidBatch("matmul shapes or buffers do not match".into()));
         }
     }
-    let xq = if jobs.iter().any(|j| j.layer.fast_kernels(precision).is_some()) && cols % QK == 0 {
-        QuantizedInput::new(x, n, cols)
-    } else {
-        QuantizedInput { rows: Vec::new(), groups: Vec::new() }
-    };
+    let q8 = jobs.iter().any(|j| j.layer.takes_q8(precision));
+    let q8k = jobs.iter().any(|j| j.layer.takes_q8k(precision));
+    let xq = QuantizedInput::new(x, n, cols, q8, q8k);
     let outs: Vec<SendPtr> = jobs.iter_mut().map(|j| SendPtr(j.out.as_mut_ptr())).collect();
     let total_rows: usize = jobs.iter().map(|j| j.layer.rows).sum();
     let chunk = row_chunk(total_rows);

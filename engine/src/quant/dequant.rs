@@ -40,6 +40,8 @@ pub fn dequantize(dtype: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
         GgmlType::BF16 => run_blocks::<2, 1>(data, out, block_bf16),
         GgmlType::Q4_0 => run_blocks::<18, 32>(data, out, block_q4_0),
         GgmlType::Q4_1 => run_blocks::<20, 32>(data, out, block_q4_1),
+        GgmlType::Q5_0 => run_blocks::<22, 32>(data, out, block_q5_0),
+        GgmlType::Q5_1 => run_blocks::<24, 32>(data, out, block_q5_1),
         GgmlType::Q8_0 => run_blocks::<34, 32>(data, out, block_q8_0),
         GgmlType::Q4K => run_blocks::<144, QK_K>(data, out, block_q4_k),
         GgmlType::Q5K => run_blocks::<176, QK_K>(data, out, block_q5_k),
@@ -199,6 +201,40 @@ fn block_q8_0(b: &[u8; 34], y: &mut [f32; 32]) {
     let d = f16_at(b[0], b[1]);
     for j in 0..32 {
         y[j] = f32::from(b[2 + j] as i8) * d;
+    }
+}
+
+/// The 32 five-bit values of a Q5_0/Q5_1 block: low nibbles of `qs` for
+/// elements 0..16 and high nibbles for 16..32, the fifth bit of element `j`
+/// in bit `j` of the little-endian `qh`.
+#[inline(always)]
+fn q5_values(qh: [u8; 4], qs: &[u8]) -> [u8; 32] {
+    let qh = u32::from_le_bytes(qh);
+    let mut u = [0u8; 32];
+    for j in 0..16 {
+        let h0 = (((qh >> j) << 4) & 0x10) as u8;
+        let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+        u[j] = (qs[j] & 0x0F) | h0;
+        u[j + 16] = (qs[j] >> 4) | h1;
+    }
+    u
+}
+
+/// `block_q5_0`: f16 d, 4 bytes of high bits, 16 nibble bytes; `y = d·(q − 16)`.
+fn block_q5_0(b: &[u8; 22], y: &mut [f32; 32]) {
+    let d = f16_at(b[0], b[1]);
+    let u = q5_values([b[2], b[3], b[4], b[5]], &b[6..22]);
+    for j in 0..32 {
+        y[j] = f32::from(u[j] as i8 - 16) * d;
+    }
+}
+
+/// `block_q5_1`: f16 d, f16 m, 4 bytes of high bits, 16 nibble bytes; `y = d·q + m`.
+fn block_q5_1(b: &[u8; 24], y: &mut [f32; 32]) {
+    let (d, m) = (f16_at(b[0], b[1]), f16_at(b[2], b[3]));
+    let u = q5_values([b[4], b[5], b[6], b[7]], &b[8..24]);
+    for j in 0..32 {
+        y[j] = f32::from(u[j]) * d + m;
     }
 }
 

@@ -1,5 +1,6 @@
 //! Activation quantization to 8-bit blocks and the integer dot products that
-//! multiply them with 4- and 8-bit weight blocks (Q4_0, Q4_1, Q8_0).
+//! multiply them with 4-, 5- and 8-bit weight blocks (Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0). K-quants have their own activation blocks and kernels (`kquant`).
 //!
 //! This is how the CPU backend keeps weights quantized: a row of activations
 //! is quantized once per matmul to [`Q8Block`]s (32 values, one f32 scale, and
@@ -58,7 +59,7 @@ pub fn quantize_row_q8_scalar(x: &[f32], out: &mut [Q8Block]) {
 /// compiles to, so the quantization loop vectorizes: truncate, then step
 /// away from zero when the exact remainder is at least one half.
 #[inline(always)]
-fn round_half_away(x: f32) -> i32 {
+pub(crate) fn round_half_away(x: f32) -> i32 {
     let t = x as i32;
     let frac = x - t as f32;
     t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
@@ -94,16 +95,24 @@ pub fn dot_kernels(dtype: GgmlType) -> Option<DotKernels> {
         (GgmlType::Q4_0, true) => avx2::dot4_q4_0,
         (GgmlType::Q4_1, true) => avx2::dot4_q4_1,
         (GgmlType::Q8_0, true) => avx2::dot4_q8_0,
+        (GgmlType::Q5_0, true) => avx2::dot4_q5_0,
+        (GgmlType::Q5_1, true) => avx2::dot4_q5_1,
         (GgmlType::Q4_0, false) => |w, x, s| scalar_four(scalar::dot_q4_0, w, x, s),
         (GgmlType::Q4_1, false) => |w, x, s| scalar_four(scalar::dot_q4_1, w, x, s),
+        (GgmlType::Q5_0, false) => |w, x, s| scalar_four(scalar::dot_q5_0, w, x, s),
+        (GgmlType::Q5_1, false) => |w, x, s| scalar_four(scalar::dot_q5_1, w, x, s),
         _ => |w, x, s| scalar_four(scalar::dot_q8_0, w, x, s),
     };
     let rows4: Rows4Fn = match (dtype, avx2) {
         (GgmlType::Q4_0, true) => avx2::rows4_q4_0,
         (GgmlType::Q4_1, true) => avx2::rows4_q4_1,
         (GgmlType::Q8_0, true) => avx2::rows4_q8_0,
+        (GgmlType::Q5_0, true) => avx2::rows4_q5_0,
+        (GgmlType::Q5_1, true) => avx2::rows4_q5_1,
         (GgmlType::Q4_0, false) => |w, x| w.map(|r| scalar::dot_q4_0(r, x)),
         (GgmlType::Q4_1, false) => |w, x| w.map(|r| scalar::dot_q4_1(r, x)),
+        (GgmlType::Q5_0, false) => |w, x| w.map(|r| scalar::dot_q5_0(r, x)),
+        (GgmlType::Q5_1, false) => |w, x| w.map(|r| scalar::dot_q5_1(r, x)),
         _ => |w, x| w.map(|r| scalar::dot_q8_0(r, x)),
     };
     Some(DotKernels { one, four, rows4 })
@@ -121,6 +130,8 @@ pub fn dot_kernel(dtype: GgmlType) -> Option<DotFn> {
         GgmlType::Q4_0 => Some(if avx2 { avx2::dot_q4_0 } else { scalar::dot_q4_0 }),
         GgmlType::Q4_1 => Some(if avx2 { avx2::dot_q4_1 } else { scalar::dot_q4_1 }),
         GgmlType::Q8_0 => Some(if avx2 { avx2::dot_q8_0 } else { scalar::dot_q8_0 }),
+        GgmlType::Q5_0 => Some(if avx2 { avx2::dot_q5_0 } else { scalar::dot_q5_0 }),
+        GgmlType::Q5_1 => Some(if avx2 { avx2::dot_q5_1 } else { scalar::dot_q5_1 }),
         _ => None,
     }
 }
@@ -131,6 +142,8 @@ pub fn scalar_dot_kernel(dtype: GgmlType) -> Option<DotFn> {
         GgmlType::Q4_0 => Some(scalar::dot_q4_0),
         GgmlType::Q4_1 => Some(scalar::dot_q4_1),
         GgmlType::Q8_0 => Some(scalar::dot_q8_0),
+        GgmlType::Q5_0 => Some(scalar::dot_q5_0),
+        GgmlType::Q5_1 => Some(scalar::dot_q5_1),
         _ => None,
     }
 }
@@ -185,6 +198,38 @@ mod scalar {
         acc
     }
 
+    /// Σ u·q over a Q5 block's 32 unsigned values (`qh` at `h`, nibbles after it).
+    fn q5_dot(wb: &[u8], h: usize, xb: &Q8Block) -> i32 {
+        let qh = u32::from_le_bytes([wb[h], wb[h + 1], wb[h + 2], wb[h + 3]]);
+        let q = &wb[h + 4..h + 20];
+        (0..16)
+            .map(|j| {
+                let lo = (q[j] & 0x0F) as i32 | (((qh >> j) & 1) << 4) as i32;
+                let hi = (q[j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+                lo * xb.qs[j] as i32 + hi * xb.qs[j + 16] as i32
+            })
+            .sum()
+    }
+
+    pub fn dot_q5_0(w: &[u8], x: &[Q8Block]) -> f32 {
+        let mut acc = 0f32;
+        for (wb, xb) in w.chunks_exact(22).zip(x) {
+            let isum = q5_dot(wb, 2, xb) - 16 * xb.qsum;
+            acc = (xb.d * f16_at(wb, 0)).mul_add(isum as f32, acc);
+        }
+        acc
+    }
+
+    pub fn dot_q5_1(w: &[u8], x: &[Q8Block]) -> f32 {
+        let mut acc = 0f32;
+        for (wb, xb) in w.chunks_exact(24).zip(x) {
+            let isum = q5_dot(wb, 4, xb);
+            acc = (xb.d * f16_at(wb, 0)).mul_add(isum as f32, acc);
+            acc = xb.s.mul_add(f16_at(wb, 2), acc);
+        }
+        acc
+    }
+
     pub fn dot_q8_0(w: &[u8], x: &[Q8Block]) -> f32 {
         let mut acc = 0f32;
         for (wb, xb) in w.chunks_exact(34).zip(x) {
@@ -194,6 +239,9 @@ mod scalar {
         acc
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::unpack_q5;
 
 /// AVX2 + FMA + F16C kernels (selected at run time).
 #[cfg(target_arch = "x86_64")]
@@ -205,6 +253,8 @@ mod avx2 {
     enum Kind {
         Q4_0,
         Q4_1,
+        Q5_0,
+        Q5_1,
         Q8_0,
     }
 
@@ -213,8 +263,57 @@ mod avx2 {
             match self {
                 Self::Q4_0 => 18,
                 Self::Q4_1 => 20,
+                Self::Q5_0 => 22,
+                Self::Q5_1 => 24,
                 Self::Q8_0 => 34,
             }
+        }
+
+        /// The offset subtracted from the unsigned values (× Σq).
+        const fn offset(self) -> i32 {
+            match self {
+                Self::Q4_0 => 8,
+                Self::Q5_0 => 16,
+                _ => 0,
+            }
+        }
+
+        /// Whether the block has a min (`+ m · s`).
+        const fn has_min(self) -> bool {
+            matches!(self, Self::Q4_1 | Self::Q5_1)
+        }
+    }
+
+    /// A block's 32 unsigned values (Q8_0: its signed bytes), its d and its m.
+    #[inline(always)]
+    unsafe fn unpack(wb: *const u8, kind: Kind) -> (__m256i, f32, f32) {
+        // SAFETY: the caller guarantees a whole block of `kind` at wb.
+        unsafe {
+            match kind {
+                Kind::Q4_0 => (unpack_nibbles(wb.add(2)), half(wb), 0.0),
+                Kind::Q4_1 => (unpack_nibbles(wb.add(4)), half(wb), half(wb.add(2))),
+                Kind::Q5_0 => (unpack_q5(wb.add(2)), half(wb), 0.0),
+                Kind::Q5_1 => (unpack_q5(wb.add(4)), half(wb), half(wb.add(2))),
+                Kind::Q8_0 => (_mm256_loadu_si256(wb.add(2) as *const __m256i), half(wb), 0.0),
+            }
+        }
+    }
+
+    /// A Q5 block's `qh` (4 bytes) and 16 nibble bytes at p -> 32 unsigned 5-bit bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn unpack_q5(p: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees 20 readable bytes at p.
+        unsafe {
+            let qh = std::ptr::read_unaligned(p as *const u32);
+            // Byte j of the result gets 0x10 when bit j of qh is set.
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(qh as i32),
+                _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+            );
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(unpack_nibbles(p.add(4)), high)
         }
     }
 
@@ -237,6 +336,8 @@ mod avx2 {
     entries!(dot_q4_0, dot4_q4_0, Kind::Q4_0);
     entries!(dot_q4_1, dot4_q4_1, Kind::Q4_1);
     entries!(dot_q8_0, dot4_q8_0, Kind::Q8_0);
+    entries!(dot_q5_0, dot4_q5_0, Kind::Q5_0);
+    entries!(dot_q5_1, dot4_q5_1, Kind::Q5_1);
 
     macro_rules! rows4_entry {
         ($name:ident, $kind:expr) => {
@@ -250,6 +351,8 @@ mod avx2 {
     rows4_entry!(rows4_q4_0, Kind::Q4_0);
     rows4_entry!(rows4_q4_1, Kind::Q4_1);
     rows4_entry!(rows4_q8_0, Kind::Q8_0);
+    rows4_entry!(rows4_q5_0, Kind::Q5_0);
+    rows4_entry!(rows4_q5_1, Kind::Q5_1);
 
     /// Four weight rows against one token; lane r of every vector is row r, and
     /// each lane performs exactly the scalar kernels' operations.
@@ -266,19 +369,9 @@ mod avx2 {
                 let mut d = [0f32; 4];
                 let mut m = [0f32; 4];
                 for r in 0..4 {
-                    let wb = w[r].add(b * kind.bytes());
-                    d[r] = half(wb);
-                    let (u, x8) = match kind {
-                        Kind::Q4_1 => {
-                            m[r] = half(wb.add(2));
-                            (unpack_nibbles(wb.add(4)), q8)
-                        }
-                        Kind::Q4_0 => (unpack_nibbles(wb.add(2)), q8),
-                        Kind::Q8_0 => {
-                            let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-                            (_mm256_sign_epi8(q, q), _mm256_sign_epi8(q8, q))
-                        }
-                    };
+                    let (u, dr, mr) = unpack(w[r].add(b * kind.bytes()), kind);
+                    (d[r], m[r]) = (dr, mr);
+                    let (u, x8) = if kind == Kind::Q8_0 { (_mm256_sign_epi8(u, u), _mm256_sign_epi8(q8, u)) } else { (u, q8) };
                     sums[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x8), ones);
                 }
                 // Exact i32 reduction of each row's 8 lanes into lane r.
@@ -286,12 +379,12 @@ mod avx2 {
                 let h23 = _mm256_hadd_epi32(sums[2], sums[3]);
                 let h = _mm256_hadd_epi32(h01, h23);
                 let mut isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                if kind == Kind::Q4_0 {
-                    isum = _mm_sub_epi32(isum, _mm_set1_epi32(8 * xb.qsum));
+                if kind.offset() != 0 {
+                    isum = _mm_sub_epi32(isum, _mm_set1_epi32(kind.offset() * xb.qsum));
                 }
                 let dw = _mm_loadu_ps(d.as_ptr());
                 acc = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(xb.d), dw), _mm_cvtepi32_ps(isum), acc);
-                if kind == Kind::Q4_1 {
+                if kind.has_min() {
                     acc = _mm_fmadd_ps(_mm_set1_ps(xb.s), _mm_loadu_ps(m.as_ptr()), acc);
                 }
             }
@@ -339,13 +432,7 @@ mod avx2 {
         for b in 0..n {
             // SAFETY: b < n blocks of w; x rows j*stride + b are in bounds (callers check).
             unsafe {
-                let wb = w.add(b * kind.bytes());
-                let d = half(wb);
-                let (u, m) = match kind {
-                    Kind::Q4_1 => (unpack_nibbles(wb.add(4)), half(wb.add(2))),
-                    Kind::Q4_0 => (unpack_nibbles(wb.add(2)), 0.0),
-                    Kind::Q8_0 => (_mm256_loadu_si256(wb.add(2) as *const __m256i), 0.0),
-                };
+                let (u, d, m) = unpack(w.add(b * kind.bytes()), kind);
                 let uw = if kind == Kind::Q8_0 { _mm256_sign_epi8(u, u) } else { u };
                 for j in 0..R {
                     let xb = &*x.add(j * stride + b);
@@ -354,11 +441,9 @@ mod avx2 {
                         q8 = _mm256_sign_epi8(q8, u);
                     }
                     let mut isum = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(uw, q8), ones));
-                    if kind == Kind::Q4_0 {
-                        isum -= 8 * xb.qsum;
-                    }
+                    isum -= kind.offset() * xb.qsum;
                     acc[j] = (xb.d * d).mul_add(isum as f32, acc[j]);
-                    if kind == Kind::Q4_1 {
+                    if kind.has_min() {
                         acc[j] = xb.s.mul_add(m, acc[j]);
                     }
                 }
@@ -370,7 +455,7 @@ mod avx2 {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod avx2 {
-    pub use super::scalar::{dot_q4_0, dot_q4_1, dot_q8_0};
+    pub use super::scalar::{dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0};
     use super::{scalar, scalar_four, Q8Block};
     pub fn dot4_q4_0(w: &[u8], x: &[Q8Block], s: usize) -> [f32; 4] {
         scalar_four(scalar::dot_q4_0, w, x, s)
@@ -389,6 +474,18 @@ mod avx2 {
     }
     pub fn rows4_q8_0(w: [&[u8]; 4], x: &[Q8Block]) -> [f32; 4] {
         w.map(|r| scalar::dot_q8_0(r, x))
+    }
+    pub fn dot4_q5_0(w: &[u8], x: &[Q8Block], s: usize) -> [f32; 4] {
+        scalar_four(scalar::dot_q5_0, w, x, s)
+    }
+    pub fn dot4_q5_1(w: &[u8], x: &[Q8Block], s: usize) -> [f32; 4] {
+        scalar_four(scalar::dot_q5_1, w, x, s)
+    }
+    pub fn rows4_q5_0(w: [&[u8]; 4], x: &[Q8Block]) -> [f32; 4] {
+        w.map(|r| scalar::dot_q5_0(r, x))
+    }
+    pub fn rows4_q5_1(w: [&[u8]; 4], x: &[Q8Block]) -> [f32; 4] {
+        w.map(|r| scalar::dot_q5_1(r, x))
     }
 }
 
@@ -410,7 +507,7 @@ mod tests {
             }
             let scale = half::f16::from_f32(0.01 + (lcg(seed) % 100) as f32 / 1000.0).to_bits();
             b[0..2].copy_from_slice(&scale.to_le_bytes());
-            if dtype == GgmlType::Q4_1 {
+            if matches!(dtype, GgmlType::Q4_1 | GgmlType::Q5_1) {
                 let min = half::f16::from_f32(-0.05).to_bits();
                 b[2..4].copy_from_slice(&min.to_le_bytes());
             }
@@ -419,6 +516,9 @@ mod tests {
     }
 
     fn dequant(dtype: GgmlType, w: &[u8]) -> Vec<f32> {
+        if matches!(dtype, GgmlType::Q5_0 | GgmlType::Q5_1) {
+            return crate::quant::dequant::dequantize_to_vec(dtype, w).expect("dequantize");
+        }
         let mut out = Vec::new();
         for b in w.chunks_exact(dtype.type_size()) {
             let d = f16_at(b, 0);
@@ -454,7 +554,7 @@ mod tests {
         let x: Vec<f32> = (0..n).map(|_| (lcg(&mut seed) % 2000) as f32 / 1000.0 - 1.0).collect();
         let mut xq = vec![Q8Block::default(); n / QK];
         quantize_row_q8(&x, &mut xq);
-        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
             let w = random_blocks(dtype, n / QK, &mut seed);
             let wf = dequant(dtype, &w);
             let exact: f32 = wf.iter().zip(&x).map(|(a, b)| a * b).sum();
@@ -476,7 +576,7 @@ mod tests {
         let mut xq = vec![Q8Block::default(); 4 * n / QK];
         quantize_row_q8(&x, &mut xq);
         let nb = n / QK;
-        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
             let w = random_blocks(dtype, nb, &mut seed);
             let k = dot_kernels(dtype).expect("kernels");
             let four = (k.four)(&w, &xq, nb);

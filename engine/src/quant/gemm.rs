@@ -90,6 +90,8 @@ pub fn gemm_kernels(dtype: GgmlType) -> Option<GemmKernels> {
                 GgmlType::Q4_0 => Some(simd::q4_0_vnni_rows4),
                 GgmlType::Q4_1 => Some(simd::q4_1_vnni_rows4),
                 GgmlType::Q8_0 => Some(simd::q8_0_vnni_rows4),
+                GgmlType::Q5_0 => Some(simd::q5_0_vnni_rows4),
+                GgmlType::Q5_1 => Some(simd::q5_1_vnni_rows4),
                 _ => None,
             };
             return Some(GemmKernels { one, rows4 });
@@ -115,6 +117,10 @@ pub fn gemm_kernel(dtype: GgmlType) -> Option<GemmFn> {
                 (GgmlType::Q4_0, false) => Some(simd::q4_0_avx2),
                 (GgmlType::Q4_1, false) => Some(simd::q4_1_avx2),
                 (GgmlType::Q8_0, false) => Some(simd::q8_0_avx2),
+                (GgmlType::Q5_0, true) => Some(simd::q5_0_vnni),
+                (GgmlType::Q5_1, true) => Some(simd::q5_1_vnni),
+                (GgmlType::Q5_0, false) => Some(simd::q5_0_avx2),
+                (GgmlType::Q5_1, false) => Some(simd::q5_1_avx2),
                 _ => None,
             };
         }
@@ -128,6 +134,8 @@ pub fn scalar_kernel(dtype: GgmlType) -> Option<GemmFn> {
         GgmlType::Q4_0 => Some(|w, x| scalar(w, x, Format::Q4_0)),
         GgmlType::Q4_1 => Some(|w, x| scalar(w, x, Format::Q4_1)),
         GgmlType::Q8_0 => Some(|w, x| scalar(w, x, Format::Q8_0)),
+        GgmlType::Q5_0 => Some(|w, x| scalar(w, x, Format::Q5_0)),
+        GgmlType::Q5_1 => Some(|w, x| scalar(w, x, Format::Q5_1)),
         _ => None,
     }
 }
@@ -136,6 +144,8 @@ pub fn scalar_kernel(dtype: GgmlType) -> Option<GemmFn> {
 enum Format {
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
 }
 
@@ -144,15 +154,22 @@ impl Format {
         match self {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::Q8_0 => 34,
         }
     }
     const fn offset(self) -> i32 {
         match self {
             Self::Q4_0 => 8,
-            Self::Q4_1 => 0,
+            Self::Q4_1 | Self::Q5_1 => 0,
+            Self::Q5_0 => 16,
             Self::Q8_0 => 128,
         }
+    }
+    /// Whether the block has a min (`+ m · s`).
+    const fn has_min(self) -> bool {
+        matches!(self, Self::Q4_1 | Self::Q5_1)
     }
 }
 
@@ -175,6 +192,16 @@ fn unpack(wb: &[u8], f: Format) -> ([u8; QK], f32, f32) {
             }
             (u, half(0), if f == Format::Q4_1 { half(2) } else { 0.0 })
         }
+        Format::Q5_0 | Format::Q5_1 => {
+            let h = if f == Format::Q5_1 { 4 } else { 2 };
+            let qh = u32::from_le_bytes([wb[h], wb[h + 1], wb[h + 2], wb[h + 3]]);
+            let q = &wb[h + 4..h + 20];
+            for j in 0..16 {
+                u[j] = (q[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                u[j + 16] = (q[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+            }
+            (u, half(0), if f == Format::Q5_1 { half(2) } else { 0.0 })
+        }
     }
 }
 
@@ -191,7 +218,7 @@ fn scalar(w: &[u8], x: &[Q8Group], f: Format) -> [f32; GROUP] {
             }
             acc -= f.offset() * xg.qsum[t];
             *o = (xg.d[t] * d).mul_add(acc as f32, *o);
-            if f == Format::Q4_1 {
+            if f.has_min() {
                 *o = xg.s[t].mul_add(m, *o);
             }
         }
@@ -227,12 +254,18 @@ mod simd {
     entry4!(q4_0_vnni_rows4, Format::Q4_0);
     entry4!(q4_1_vnni_rows4, Format::Q4_1);
     entry4!(q8_0_vnni_rows4, Format::Q8_0);
+    entry4!(q5_0_vnni_rows4, Format::Q5_0);
+    entry4!(q5_1_vnni_rows4, Format::Q5_1);
     entry!(q4_0_vnni, vnni, Format::Q4_0);
     entry!(q4_1_vnni, vnni, Format::Q4_1);
     entry!(q8_0_vnni, vnni, Format::Q8_0);
     entry!(q4_0_avx2, avx2, Format::Q4_0);
     entry!(q4_1_avx2, avx2, Format::Q4_1);
     entry!(q8_0_avx2, avx2, Format::Q8_0);
+    entry!(q5_0_vnni, vnni, Format::Q5_0);
+    entry!(q5_1_vnni, vnni, Format::Q5_1);
+    entry!(q5_0_avx2, avx2, Format::Q5_0);
+    entry!(q5_1_avx2, avx2, Format::Q5_1);
 
     /// Unpack one weight block to 32 unsigned bytes in `buf`; returns (d, m).
     #[inline(always)]
@@ -258,6 +291,12 @@ mod simd {
                     let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
                     _mm256_storeu_si256(buf.as_mut_ptr() as *mut __m256i, _mm256_set_m128i(hi, lo));
                     (half(wb), if f == Format::Q4_1 { half(wb.add(2)) } else { 0.0 })
+                }
+                Format::Q5_0 | Format::Q5_1 => {
+                    let off = if f == Format::Q5_1 { 4 } else { 2 };
+                    let u = crate::quant::dot::unpack_q5(wb.add(off));
+                    _mm256_storeu_si256(buf.as_mut_ptr() as *mut __m256i, u);
+                    (half(wb), if f == Format::Q5_1 { half(wb.add(2)) } else { 0.0 })
                 }
             }
         }
@@ -295,7 +334,7 @@ mod simd {
                     }
                     let scale = _mm256_mul_ps(_mm256_load_ps(xg.d[8 * h..].as_ptr()), _mm256_set1_ps(d));
                     *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *acc);
-                    if f == Format::Q4_1 {
+                    if f.has_min() {
                         *acc = _mm256_fmadd_ps(_mm256_load_ps(xg.s[8 * h..].as_ptr()), _mm256_set1_ps(m), *acc);
                     }
                 }
@@ -364,7 +403,7 @@ mod simd {
                         }
                         let scale = _mm512_mul_ps(xd, _mm512_set1_ps(d));
                         acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[r]);
-                        if f == Format::Q4_1 {
+                        if f.has_min() {
                             acc[r] = _mm512_fmadd_ps(_mm512_load_ps(xg.s.as_ptr()), _mm512_set1_ps(m), acc[r]);
                         }
                     }
@@ -420,12 +459,12 @@ mod tests {
         let mut xq = vec![Q8Block::default(); n * nb];
         quantize_row_q8(&x, &mut xq);
         let groups = interleave(&xq, n, nb);
-        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
             let ts = dtype.type_size();
             let mut w: Vec<u8> = (0..nb * ts).map(|_| lcg(&mut seed) as u8).collect();
             for b in w.chunks_exact_mut(ts) {
                 b[0..2].copy_from_slice(&half::f16::from_f32(0.03).to_bits().to_le_bytes());
-                if dtype == GgmlType::Q4_1 {
+                if matches!(dtype, GgmlType::Q4_1 | GgmlType::Q5_1) {
                     b[2..4].copy_from_slice(&half::f16::from_f32(-0.2).to_bits().to_le_bytes());
                 }
             }
@@ -436,6 +475,8 @@ mod tests {
                 kernels.push(match dtype {
                     GgmlType::Q4_0 => simd::q4_0_avx2,
                     GgmlType::Q4_1 => simd::q4_1_avx2,
+                    GgmlType::Q5_0 => simd::q5_0_avx2,
+                    GgmlType::Q5_1 => simd::q5_1_avx2,
                     _ => simd::q8_0_avx2,
                 });
             }
