@@ -16,6 +16,7 @@ use crate::quant::dequant::dequantize;
 use crate::quant::dot::{dot_kernels, quantize_row_q8, DotKernels, Q8Block, QK};
 use crate::quant::dequant::QK_K;
 use crate::quant::gemm::{gemm_kernels, interleave, GemmKernels, Q8Group, GROUP};
+use crate::quant::kquant::gemm::{interleave_k, kgemm_kernels, KGemmKernels, Q8KGroup};
 use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, KDotKernels, Q8KBlock};
 use super::SendPtr;
 use crate::simd;
@@ -41,6 +42,7 @@ enum WeightData {
         kernels: Option<DotKernels>,
         gemm: Option<GemmKernels>,
         kquant: Option<KDotKernels>,
+        kgemm: Option<KGemmKernels>,
     },
 }
 
@@ -92,7 +94,8 @@ impl Linear {
                 let kernels = if cols % QK == 0 { dot_kernels(dtype) } else { None };
                 let gemm = if cols % QK == 0 { gemm_kernels(dtype) } else { None };
                 let kquant = if cols % QK_K == 0 { kdot_kernels(dtype) } else { None };
-                WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernels, gemm, kquant }
+                let kgemm = if cols % QK_K == 0 { kgemm_kernels(dtype) } else { None };
+                WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernels, gemm, kquant, kgemm }
             }
         };
         Ok(Self { rows, cols, data, bias: None })
@@ -204,6 +207,36 @@ impl Linear {
                     }
                 }
             }
+            WeightData::Blocks { bytes, row_bytes, kgemm: Some(gemm), .. }
+                if precision == MatmulPrecision::Fast && !xq.kgroups.is_empty() =>
+            {
+                let nb = cols / QK_K;
+                let groups = n.div_ceil(GROUP);
+                let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
+                let emit = |r: usize, g: usize, lanes: &[f32; GROUP]| {
+                    for (lane, v) in lanes.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
+                        write(r, g * GROUP + lane, *v);
+                    }
+                };
+                let mut r = rows.start;
+                let mut four = vec![[[0f32; GROUP]; 4]; groups];
+                while r + 4 <= rows.end {
+                    (gemm.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.kgroups, nb, &mut four);
+                    for (g, out) in four.iter().enumerate() {
+                        for (i, lanes) in out.iter().enumerate() {
+                            emit(r + i, g, lanes);
+                        }
+                    }
+                    r += 4;
+                }
+                let mut one = vec![[[0f32; GROUP]; 1]; groups];
+                for r in r..rows.end {
+                    (gemm.one)(row(r), &xq.kgroups, nb, &mut one);
+                    for (g, out) in one.iter().enumerate() {
+                        emit(r, g, &out[0]);
+                    }
+                }
+            }
             WeightData::Blocks { bytes, row_bytes, kquant: Some(k), .. }
                 if precision == MatmulPrecision::Fast && !xq.krows.is_empty() =>
             {
@@ -295,6 +328,7 @@ struct QuantizedInput {
     rows: Vec<Q8Block>,
     groups: Vec<Q8Group>,
     krows: Vec<Q8KBlock>,
+    kgroups: Vec<Q8KGroup>,
 }
 
 /// Batches at least this large use the grouped (token-lane) kernel.
@@ -318,6 +352,9 @@ impl QuantizedInput {
             input.krows = vec![Q8KBlock::default(); n * nb];
             for t in 0..n {
                 quantize_row_q8k(&x[t * cols..(t + 1) * cols], &mut input.krows[t * nb..(t + 1) * nb]);
+            }
+            if n >= GROUPED_MIN_TOKENS && kgemm_kernels(GgmlType::Q4K).is_some() {
+                input.kgroups = interleave_k(&input.krows, n, nb);
             }
         }
         input
@@ -393,6 +430,67 @@ mod tests {
         let mut out = [0f32; 4];
         w.forward(&x, 2, &mut out, MatmulPrecision::Fast).expect("forward");
         assert_eq!(out, [1.0 - 3.0 + 0.5, 4.0 - 6.0 - 0.5, 2.0 + 2.0 + 0.5, 8.0 + 5.0 - 0.5]);
+    }
+
+    fn lcg(seed: &mut u64) -> u32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (*seed >> 33) as u32
+    }
+
+    /// A `[rows, cols]` layer of random blocks whose f16 scale fields are sane.
+    fn random_layer(dtype: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Linear {
+        let ts = dtype.type_size();
+        let mut bytes: Vec<u8> = (0..rows * cols / dtype.block_size() * ts).map(|_| lcg(seed) as u8).collect();
+        let scale_fields: &[usize] = match dtype {
+            GgmlType::Q6K => &[208],
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+            _ => &[0, 2],
+        };
+        for b in bytes.chunks_exact_mut(ts) {
+            for &at in scale_fields {
+                let v = half::f16::from_f32(0.001 + (lcg(seed) % 64) as f32 / 8000.0).to_bits().to_le_bytes();
+                b[at..at + 2].copy_from_slice(&v);
+            }
+        }
+        let view = TensorView { name: format!("{dtype:?}"), dtype, shape: vec![rows, cols], data: &bytes };
+        Linear::from_tensor(&view, rows, cols).expect("layer")
+    }
+
+    /// Every token's outputs are bit-identical whatever the batch: one token
+    /// alone (decode kernels), 2-3 tokens (four-row kernels), 4-7 (four-token
+    /// kernels) and 8+ (grouped prefill kernels, 16 tokens a group).
+    #[test]
+    fn quantized_layers_are_batch_invariant() {
+        let mut seed = 99u64;
+        let (rows, cols) = (13, 512);
+        for dtype in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+            let layer = random_layer(dtype, rows, cols, &mut seed);
+            let n = 37;
+            let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();
+            let alone: Vec<Vec<f32>> = (0..n)
+                .map(|t| {
+                    let mut out = vec![0f32; rows];
+                    layer.forward(&x[t * cols..(t + 1) * cols], 1, &mut out, MatmulPrecision::Fast).expect("forward");
+                    out
+                })
+                .collect();
+            for batch in [2, 3, 4, 7, 8, 16, 21, 37] {
+                let mut out = vec![0f32; batch * rows];
+                layer.forward(&x[..batch * cols], batch, &mut out, MatmulPrecision::Fast).expect("forward");
+                for t in 0..batch {
+                    let got: Vec<u32> = out[t * rows..(t + 1) * rows].iter().map(|v| v.to_bits()).collect();
+                    let want: Vec<u32> = alone[t].iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{dtype:?}: token {t} in a batch of {batch}");
+                }
+            }
+            // And close to the exact (dequantized, f32) product.
+            let mut exact = vec![0f32; rows];
+            layer.forward(&x[..cols], 1, &mut exact, MatmulPrecision::Exact).expect("exact");
+            let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (a, b) in alone[0].iter().zip(&exact) {
+                assert!((a - b).abs() <= 0.02 * scale, "{dtype:?}: fast {a} vs exact {b}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,283 @@
+//! Prefill GEMM for K-quant weights: 16 tokens per AVX-512 register.
+//!
+//! Like the grouped kernel for 32-value blocks (`quant::gemm`), activations
+//! of 16 tokens are interleaved ([`Q8KGroup`]) so that each i32 lane of a
+//! `vpdpbusd` accumulates one token, while 4 unsigned weight bytes are
+//! broadcast. Each run of `SUB` values (one integer scale) is multiplied by
+//! its scale in i32 (`vpmulld`), the mins and Q6_K's offset come from the
+//! interleaved group sums, and the floats are folded per token exactly as the
+//! one-token kernels fold them, so every lane is bit-identical to
+//! [`super::KDotKernels::one`] for that token.
+
+#[cfg(target_arch = "x86_64")]
+use super::avx2::{Format, Q4K, Q5K, Q6K};
+use super::{Q8KBlock, QK_K};
+use crate::gguf::types::GgmlType;
+use crate::quant::gemm::GROUP;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// One super-block (256 values) of 16 tokens' activations, interleaved.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct Q8KGroup {
+    /// `qs[k][t]`: values `4k..4k+4` of token `t`.
+    pub qs: [[[i8; 4]; GROUP]; QK_K / 4],
+    /// `bsums[g][t]`: the sum of token `t`'s values `16g..16g+16`.
+    pub bsums: [[i32; GROUP]; 16],
+    /// Scales per token.
+    pub d: [f32; GROUP],
+}
+
+impl Default for Q8KGroup {
+    fn default() -> Self {
+        Self { qs: [[[0; 4]; GROUP]; QK_K / 4], bsums: [[0; GROUP]; 16], d: [0.0; GROUP] }
+    }
+}
+
+/// Interleave `n` tokens' rows (`nb` super-blocks each, token-major) into
+/// groups of 16 (`n.div_ceil(16) * nb` groups, group-major); missing tokens are zero.
+pub fn interleave_k(xq: &[Q8KBlock], n: usize, nb: usize) -> Vec<Q8KGroup> {
+    let mut out = vec![Q8KGroup::default(); n.div_ceil(GROUP) * nb];
+    for t in 0..n {
+        let (g, lane) = (t / GROUP, t % GROUP);
+        for b in 0..nb {
+            let (src, dst) = (&xq[t * nb + b], &mut out[g * nb + b]);
+            dst.d[lane] = src.d;
+            for (k, chunk) in src.qs.chunks_exact(4).enumerate() {
+                dst.qs[k][lane].copy_from_slice(chunk);
+            }
+            for (s, sums) in src.bsums.iter().zip(dst.bsums.iter_mut()) {
+                sums[lane] = *s as i32;
+            }
+        }
+    }
+    out
+}
+
+/// Four weight rows times every group of 16 tokens: `x` holds the groups
+/// group-major (`nb` super-blocks each), `out[g][r]` receives row `r`'s
+/// results for group `g` (`out.len()` groups). Each weight super-block is
+/// unpacked once for all groups.
+pub type KGemmRows4Fn = fn([&[u8]; 4], &[Q8KGroup], usize, &mut [[[f32; GROUP]; 4]]);
+
+/// One weight row times every group (as [`KGemmRows4Fn`], one row).
+pub type KGemmFn = fn(&[u8], &[Q8KGroup], usize, &mut [[[f32; GROUP]; 1]]);
+
+/// The grouped kernels for one K-quant type.
+#[derive(Clone, Copy)]
+pub struct KGemmKernels {
+    /// One row.
+    pub one: KGemmFn,
+    /// Four rows sharing each activation load.
+    pub rows4: KGemmRows4Fn,
+}
+
+/// The grouped kernels for a K-quant type, where this CPU has AVX-512 VNNI.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn kgemm_kernels(_dtype: GgmlType) -> Option<KGemmKernels> {
+    None
+}
+
+/// The grouped kernels for a K-quant type, where this CPU has AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
+pub fn kgemm_kernels(dtype: GgmlType) -> Option<KGemmKernels> {
+    let vnni = std::is_x86_feature_detected!("avx512vnni")
+        && std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512bw")
+        && super::avx2::available();
+    if !vnni {
+        return None;
+    }
+    macro_rules! kernels {
+        ($fmt:ty) => {
+            KGemmKernels {
+                one: |w, x, nb, out| {
+                    check(&[w], x, nb, out.len(), <$fmt>::BYTES);
+                    // SAFETY: AVX-512 VNNI/BW/F and AVX2/FMA/F16C were detected above; shapes checked.
+                    unsafe { vnni_rows::<$fmt, 1>([w], x, nb, out) }
+                },
+                rows4: |w, x, nb, out| {
+                    check(&w, x, nb, out.len(), <$fmt>::BYTES);
+                    // SAFETY: as above.
+                    unsafe { vnni_rows::<$fmt, 4>(w, x, nb, out) }
+                },
+            }
+        };
+    }
+    match dtype {
+        GgmlType::Q4K => Some(kernels!(Q4K)),
+        GgmlType::Q5K => Some(kernels!(Q5K)),
+        GgmlType::Q6K => Some(kernels!(Q6K)),
+        _ => None,
+    }
+}
+
+/// The kernels' shape contract: `nb` super-blocks in every row, `groups * nb` groups.
+fn check(w: &[&[u8]], x: &[Q8KGroup], nb: usize, groups: usize, bytes: usize) {
+    assert!(w.iter().all(|r| r.len() >= nb * bytes), "K-quant GEMM: weight row shorter than {nb} super-blocks");
+    assert!(x.len() >= groups * nb, "K-quant GEMM: {} activation groups for {groups} x {nb}", x.len());
+}
+
+/// One row's super-block, unpacked: 256 unsigned values, the integer scale
+/// of each run of `SUB` values, the mins, d and dmin.
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(32))]
+struct Unpacked {
+    u: [u8; QK_K],
+    scales: [i32; 16],
+    mins: [u8; 8],
+    d: (f32, f32),
+}
+
+/// `R` rows of `F` times `out.len()` groups of 16 tokens, `nb` super-blocks each.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb: usize, out: &mut [[[f32; GROUP]; R]]) {
+    let groups = out.len();
+    for o in out.iter_mut() {
+        *o = [[0.0; GROUP]; R];
+    }
+    let mut rows: [Unpacked; R] =
+        std::array::from_fn(|_| Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 8], d: (0.0, 0.0) });
+    for b in 0..nb {
+        for (row, wr) in rows.iter_mut().zip(&w) {
+            let wb = &wr[b * F::BYTES..(b + 1) * F::BYTES];
+            // SAFETY: wb is one whole super-block; row.u holds 8 registers of 32 bytes.
+            unsafe {
+                for k in 0..8 {
+                    _mm256_store_si256(row.u.as_mut_ptr().add(32 * k) as *mut __m256i, F::values(wb.as_ptr(), k));
+                }
+                row.d = F::d(wb.as_ptr());
+            }
+            (row.scales, row.mins) = F::int_scales(wb);
+        }
+        for (g, out) in out.iter_mut().enumerate().take(groups) {
+            // SAFETY: g * nb + b < groups * nb <= x.len() (checked by `check`).
+            unsafe { group_block::<F, R>(&rows, &x[g * nb + b], out) }
+        }
+    }
+}
+
+/// One super-block of `R` unpacked rows times one group: folds into `out`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+unsafe fn group_block<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &Q8KGroup, out: &mut [[f32; GROUP]; R]) {
+    // Σ_runs scale · Σ u·q per token, for every row.
+    let mut tot = [_mm512_setzero_si512(); R];
+    for run in 0..QK_K / F::SUB {
+        // Two exact partial sums per row (even and odd k) halve the
+        // dependency chains' length; integer addition keeps them exact.
+        let mut isum = [[_mm512_setzero_si512(); R]; 2];
+        for k in run * F::SUB / 4..(run + 1) * F::SUB / 4 {
+            // SAFETY: k < 64 indexes xg.qs (64-byte aligned rows of 16 lanes).
+            let xv = unsafe { _mm512_load_si512(xg.qs[k].as_ptr() as *const __m512i) };
+            for (s, row) in isum[k % 2].iter_mut().zip(rows) {
+                // SAFETY: 4k + 4 <= 256 bytes of row.u.
+                let wv = _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(row.u.as_ptr().add(4 * k) as *const i32) });
+                *s = _mm512_dpbusd_epi32(*s, wv, xv);
+            }
+        }
+        for (r, (t, row)) in tot.iter_mut().zip(rows).enumerate() {
+            let s = _mm512_add_epi32(isum[0][r], isum[1][r]);
+            *t = _mm512_add_epi32(*t, _mm512_mullo_epi32(s, _mm512_set1_epi32(row.scales[run])));
+        }
+    }
+    // SAFETY: xg.bsums and xg.d are 64-byte aligned arrays of 16 lanes.
+    let (bsum, xd) = unsafe {
+        let bsum: [__m512i; 16] = std::array::from_fn(|g| _mm512_load_si512(xg.bsums[g].as_ptr() as *const __m512i));
+        (bsum, _mm512_load_ps(xg.d.as_ptr()))
+    };
+    for ((o, t), row) in out.iter_mut().zip(tot).zip(rows) {
+        // SAFETY: o holds 16 floats.
+        let mut acc = unsafe { _mm512_loadu_ps(o.as_ptr()) };
+        let isum = if F::MINS {
+            t
+        } else {
+            // Q6_K: minus 32 · Σ_g sc_g · bsum_g.
+            let mut off = _mm512_setzero_si512();
+            for (g, bs) in bsum.iter().enumerate() {
+                off = _mm512_add_epi32(off, _mm512_mullo_epi32(*bs, _mm512_set1_epi32(row.scales[g])));
+            }
+            _mm512_sub_epi32(t, _mm512_slli_epi32(off, 5))
+        };
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(xd, _mm512_set1_ps(row.d.0)), _mm512_cvtepi32_ps(isum), acc);
+        if F::MINS {
+            let mut msum = _mm512_setzero_si512();
+            for (j, &m) in row.mins.iter().enumerate() {
+                let pair = _mm512_add_epi32(bsum[2 * j], bsum[2 * j + 1]);
+                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(pair, _mm512_set1_epi32(m as i32)));
+            }
+            let dmin = _mm512_mul_ps(xd, _mm512_set1_ps(row.d.1));
+            let neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin), _mm512_set1_epi32(i32::MIN)));
+            acc = _mm512_fmadd_ps(neg, _mm512_cvtepi32_ps(msum), acc);
+        }
+        // SAFETY: o holds 16 floats.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::kquant::{kdot_kernels, quantize_row_q8k};
+
+    fn lcg(seed: &mut u64) -> u32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (*seed >> 33) as u32
+    }
+
+    #[test]
+    fn grouped_kernels_equal_the_one_token_kernels_bit_for_bit() {
+        let types = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+        #[cfg(target_arch = "x86_64")]
+        let vnni = std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512bw");
+        #[cfg(not(target_arch = "x86_64"))]
+        let vnni = false;
+        // Without VNNI there are no grouped kernels and prefill takes the
+        // four-token kernels (tested in the parent module) instead.
+        assert_eq!(types.map(|t| kgemm_kernels(t).is_some()), [vnni; 3], "grouped kernels exist exactly with VNNI");
+        if !vnni {
+            return;
+        }
+        let mut seed = 41u64;
+        let (nb, n) = (3, 21);
+        let x: Vec<f32> = (0..n * nb * QK_K).map(|_| (lcg(&mut seed) % 3001) as f32 / 600.0 - 2.5).collect();
+        let mut xq = vec![Q8KBlock::default(); n * nb];
+        quantize_row_q8k(&x, &mut xq);
+        let groups = interleave_k(&xq, n, nb);
+        for dtype in types {
+            let ts = dtype.type_size();
+            let rows: Vec<Vec<u8>> = (0..4)
+                .map(|_| {
+                    let mut w: Vec<u8> = (0..nb * ts).map(|_| lcg(&mut seed) as u8).collect();
+                    for b in w.chunks_exact_mut(ts) {
+                        let d = half::f16::from_f32(0.002 + (lcg(&mut seed) % 50) as f32 / 10000.0).to_bits().to_le_bytes();
+                        let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
+                        b[at..at + 2].copy_from_slice(&d);
+                        if dtype != GgmlType::Q6K {
+                            b[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_bits().to_le_bytes());
+                        }
+                    }
+                    w
+                })
+                .collect();
+            let one = kdot_kernels(dtype).expect("kernels").one;
+            let k = kgemm_kernels(dtype).expect("grouped kernels");
+            let ng = n.div_ceil(GROUP);
+            let mut four = vec![[[0f32; GROUP]; 4]; ng];
+            (k.rows4)([&rows[0], &rows[1], &rows[2], &rows[3]], &groups, nb, &mut four);
+            for (r, row) in rows.iter().enumerate() {
+                let mut single = vec![[[0f32; GROUP]; 1]; ng];
+                (k.one)(row, &groups, nb, &mut single);
+                for t in 0..n {
+                    let (g, lane) = (t / GROUP, t % GROUP);
+                    let want = one(row, &xq[t * nb..(t + 1) * nb]);
+                    assert_eq!(four[g][r][lane].to_bits(), want.to_bits(), "{dtype:?} row {r} token {t}");
+                    assert_eq!(single[g][0][lane].to_bits(), want.to_bits(), "{dtype:?} row {r} token {t} (one row)");
+                }
+            }
+        }
+    }
+}
