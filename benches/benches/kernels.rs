@@ -1,5 +1,8 @@
 //! Single-threaded quantized kernels: the grouped GEMM (16 tokens per call)
-//! over one layer's worth of Q4_1 rows, and activation quantization.
+//! over one layer's worth of Q4_1 rows, and activation quantization; K-quant
+//! (Q4_K, Q6_K) decode over 256 MiB of weights (bytes/s, against the machine's
+//! memory read bandwidth measured in the same run by `memory_read`) and the
+//! K-quant prefill GEMM on Qwen2.5-1.5B layer shapes (multiply-adds/s).
 //!
 //! `cargo bench -p spindle-benches --bench kernels`
 
@@ -7,6 +10,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use spindle_engine::gguf::types::GgmlType;
 use spindle_engine::quant::dot::{quantize_row_q8, Q8Block, QK};
 use spindle_engine::quant::gemm::{gemm_kernel, gemm_kernels, interleave, GROUP};
+use spindle_engine::quant::kquant::gemm::{interleave_k, kgemm_kernels};
+use spindle_engine::quant::kquant::{kdot_kernels, quantize_row_q8k, Q8KBlock};
 use std::hint::black_box;
 
 const Q4_1_BLOCK_BYTES: usize = 20;
@@ -85,5 +90,113 @@ fn bench_kernels(c: &mut Criterion) {
     quant.finish();
 }
 
-criterion_group!(benches, bench_kernels);
+/// Random K-quant rows (`rows x cols`) with small finite f16 scales.
+fn kquant_rows(dtype: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let ts = dtype.type_size();
+    let mut bytes = pseudo_random(rows * cols / 256 * ts, 11);
+    for block in bytes.chunks_exact_mut(ts) {
+        let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
+        block[at..at + 2].copy_from_slice(&[0x00, 0x14]);
+        if dtype != GgmlType::Q6K {
+            block[2..4].copy_from_slice(&[0x00, 0x14]);
+        }
+    }
+    bytes
+}
+
+fn quantize_k(tokens: usize, cols: usize) -> Vec<Q8KBlock> {
+    let x = activations(tokens, cols);
+    let mut xq = vec![Q8KBlock::default(); tokens * cols / 256];
+    quantize_row_q8k(&x, &mut xq);
+    xq
+}
+
+/// Decode: one token through 256 MiB of K-quant rows (more than any cache),
+/// four rows per call as the model does; throughput in weight bytes.
+fn bench_kquant_decode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("kquant_decode_1tok_256MiB");
+    group.sample_size(10);
+    let cols = 1536;
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        let Some(k) = kdot_kernels(dtype) else { continue };
+        let row_bytes = cols / 256 * dtype.type_size();
+        let rows = (256 << 20) / row_bytes / 4 * 4;
+        let weights = kquant_rows(dtype, rows, cols);
+        let xq = quantize_k(1, cols);
+        group.throughput(Throughput::Bytes(weights.len() as u64));
+        group.bench_function(format!("{dtype:?}/{cols}cols"), |b| {
+            b.iter(|| {
+                let mut acc = 0f32;
+                for four in weights.chunks_exact(4 * row_bytes) {
+                    let (a, rest) = four.split_at(row_bytes);
+                    let (b2, rest) = rest.split_at(row_bytes);
+                    let (c2, d) = rest.split_at(row_bytes);
+                    acc += (k.rows4)([a, b2, c2, d], black_box(&xq))[0];
+                }
+                acc
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Prefill: 64 tokens (4 groups of 16) through Qwen2.5-1.5B-shaped layers.
+fn bench_kquant_prefill(c: &mut Criterion) {
+    let mut group = c.benchmark_group("kquant_gemm_64tok");
+    group.sample_size(10);
+    let tokens = 64;
+    for (dtype, rows, cols) in [(GgmlType::Q4K, 1536usize, 1536usize), (GgmlType::Q4K, 8960, 1536), (GgmlType::Q6K, 1536, 8960)] {
+        let Some(k) = kgemm_kernels(dtype) else {
+            eprintln!("no grouped K-quant kernel (AVX-512 VNNI) on this CPU");
+            return;
+        };
+        let nb = cols / 256;
+        let row_bytes = nb * dtype.type_size();
+        let weights = kquant_rows(dtype, rows, cols);
+        let groups = interleave_k(&quantize_k(tokens, cols), tokens, nb);
+        let mut out = vec![[[0f32; GROUP]; 4]; tokens / GROUP];
+        group.throughput(Throughput::Elements((rows * cols * tokens) as u64));
+        group.bench_function(format!("{dtype:?}/{rows}x{cols}"), |b| {
+            b.iter(|| {
+                for four in weights.chunks_exact(4 * row_bytes) {
+                    let (a, rest) = four.split_at(row_bytes);
+                    let (b2, rest) = rest.split_at(row_bytes);
+                    let (c2, d) = rest.split_at(row_bytes);
+                    (k.rows4)([a, b2, c2, d], black_box(&groups), nb, &mut out);
+                }
+                out[0][0][0]
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The machine's memory read bandwidth: summing 256 MiB of u64 on 1 and on 2
+/// threads (the ceiling that decode approaches).
+fn bench_memory_read(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory_read_256MiB");
+    group.sample_size(10);
+    let words: Vec<u64> = (0..(256usize << 20) / 8).map(|i| i as u64).collect();
+    group.throughput(Throughput::Bytes((words.len() * 8) as u64));
+    let sum = |w: &[u64]| w.chunks_exact(8).fold([0u64; 8], |mut a, c| {
+        for (x, y) in a.iter_mut().zip(c) {
+            *x = x.wrapping_add(*y);
+        }
+        a
+    });
+    group.bench_function("1thread", |b| b.iter(|| sum(black_box(&words))));
+    group.bench_function("2threads", |b| {
+        b.iter(|| {
+            let (lo, hi) = words.split_at(words.len() / 2);
+            std::thread::scope(|s| {
+                let h = s.spawn(|| sum(black_box(hi)));
+                let a = sum(black_box(lo));
+                (a, h.join().ok())
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_kernels, bench_kquant_decode, bench_kquant_prefill, bench_memory_read);
 criterion_main!(benches);

@@ -49,5 +49,5 @@ pub fn request_constraint(
         body[k] = v.clone();
     }
     let req = spindle_server::protocol::validate(body, &spindle_server::protocol::RequestLimits::default()).ok()?;
-    constraint_for(Some(compiler), CallFormat::Hermes, &req).ok().flatten()
+    constraint_for(Some(compiler), CallFormat::Hermes(None), &req).ok().flatten()
 }

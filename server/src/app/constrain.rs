@@ -29,8 +29,10 @@ use spindle_engine::grammar::{GrammarCompiler, SharedConstraint};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallFormat {
     /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` blocks
-    /// (Hermes / Qwen 2.5; Spindle's default for templates without tools).
-    Hermes,
+    /// (Hermes / Qwen 2.5; Spindle's default for templates without tools);
+    /// the tags' token ids when each is a single (added) token, as in Qwen's
+    /// vocabulary, so the grammar emits those tokens rather than their text.
+    Hermes(Option<HermesTags>),
     /// One bare `{"name": …, "parameters": {…}}` object (Llama 3.1).
     Llama3Json,
     /// `[TOOL_CALLS] [{"name": …, "arguments": {…}}, …]` (Mistral v3); the
@@ -41,26 +43,42 @@ pub enum CallFormat {
 /// Mistral's tool-call marker.
 pub const MISTRAL_MARKER: &str = "[TOOL_CALLS]";
 
+/// Hermes' tags around a call.
+pub const HERMES_OPEN: &str = "<tool_call>";
+/// See [`HERMES_OPEN`].
+pub const HERMES_CLOSE: &str = "</tool_call>";
+
+/// The token ids of `<tool_call>` and `</tool_call>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HermesTags {
+    /// `<tool_call>`.
+    pub open: u32,
+    /// `</tool_call>`.
+    pub close: u32,
+}
+
 impl CallFormat {
     /// The format a chat template implies (`tokenizer` finds Mistral's marker token).
     pub fn of(template: &ChatTemplate, tokenizer: &Tokenizer) -> Self {
         let source = template.source();
-        if !template.uses_tools() || source.contains("<tool_call>") {
-            Self::Hermes
+        let single = |text: &str| tokenizer.encode(text, false).ok().filter(|ids| ids.len() == 1).map(|ids| ids[0]);
+        if !template.uses_tools() || source.contains(HERMES_OPEN) {
+            let tags = single(HERMES_OPEN).zip(single(HERMES_CLOSE)).map(|(open, close)| HermesTags { open, close });
+            Self::Hermes(tags)
         } else if source.contains(MISTRAL_MARKER) {
-            let single = tokenizer.encode(MISTRAL_MARKER, false).ok().filter(|ids| ids.len() == 1).map(|ids| ids[0]);
-            Self::Mistral(single)
+            Self::Mistral(single(MISTRAL_MARKER))
         } else {
             Self::Llama3Json
         }
     }
 
-    /// The marker token that decodes to no text (special), to be put back
-    /// into the text for the call parser: `(id, text)`.
-    pub fn marker_token(self) -> Option<(u32, &'static str)> {
+    /// The marker tokens, each with its text: a marker that decodes to no
+    /// text (special) is put back into the text for the call parser.
+    pub fn marker_tokens(self) -> Vec<(u32, &'static str)> {
         match self {
-            Self::Mistral(Some(id)) => Some((id, MISTRAL_MARKER)),
-            _ => None,
+            Self::Mistral(Some(id)) => vec![(id, MISTRAL_MARKER)],
+            Self::Hermes(Some(tags)) => vec![(tags.open, HERMES_OPEN), (tags.close, HERMES_CLOSE)],
+            _ => Vec::new(),
         }
     }
 }
@@ -192,7 +210,7 @@ impl<'a> Plan<'a> {
         }
         for (i, (tool, schema)) in self.tools.iter().zip(args).enumerate() {
             let head = match format {
-                CallFormat::Hermes => format!("{{\"name\": {}, \"arguments\": ", json!(tool.name)),
+                CallFormat::Hermes(_) => format!("{{\"name\": {}, \"arguments\": ", json!(tool.name)),
                 CallFormat::Llama3Json => format!("{{\"name\": {}, \"parameters\": ", json!(tool.name)),
                 CallFormat::Mistral(_) => format!("{{\"name\": {}, \"arguments\": ", json!(tool.name)),
             };
@@ -201,7 +219,7 @@ impl<'a> Plan<'a> {
         let bodies: Vec<String> = (0..self.tools.len()).map(|i| format!("body_{i}")).collect();
         g.push_str(&format!("body: {}\n", bodies.join(" | ")));
         let start = match format {
-            CallFormat::Hermes => self.hermes(&mut g, text),
+            CallFormat::Hermes(tags) => self.hermes(&mut g, text, tags),
             CallFormat::Llama3Json => self.llama3(text),
             CallFormat::Mistral(marker) => self.mistral(&mut g, text, marker),
         };
@@ -210,19 +228,25 @@ impl<'a> Plan<'a> {
         g
     }
 
-    /// Hermes rules; returns the start expansion.
-    fn hermes(&self, g: &mut String, text: Option<&str>) -> String {
-        g.push_str("call: \"<tool_call>\\n\" body \"\\n</tool_call>\"\n");
+    /// Hermes rules; returns the start expansion. With single-token tags the
+    /// calls are those tokens around the JSON (free text, made of bytes, can
+    /// never produce them); otherwise the tags' text.
+    fn hermes(&self, g: &mut String, text: Option<&str>, tags: Option<HermesTags>) -> String {
+        match tags {
+            Some(t) => g.push_str(&format!("call: <[{}]> \"\\n\" body \"\\n\" <[{}]>\n", t.open, t.close)),
+            None => g.push_str("call: \"<tool_call>\\n\" body \"\\n</tool_call>\"\n"),
+        }
         let more = match self.max_calls {
             1 => String::new(),
             usize::MAX => "(\"\\n\" call)*".to_string(),
             n => format!("(\"\\n\" call){{0,{}}}", n - 1),
         };
         g.push_str(&format!("calls: call {more}\n"));
-        match (self.required, text) {
-            (true, _) => "calls".to_string(),
-            (false, Some(json_text)) => format!("{json_text} | calls"),
-            (false, None) => {
+        match (self.required, text, tags) {
+            (true, _, _) => "calls".to_string(),
+            (false, Some(json_text), _) => format!("{json_text} | calls"),
+            (false, None, Some(_)) => "TEXT | TEXT calls".to_string(),
+            (false, None, None) => {
                 // Free text, or text up to the first `<tool_call>` and then calls.
                 g.push_str("pre[suffix=\"<tool_call>\"]: /(.|\\n)*/\n");
                 g.push_str(&format!("after_open: \"\\n\" body \"\\n</tool_call>\" {more}\n"));
@@ -344,11 +368,23 @@ mod tests {
                                  "max_tool_calls": 3}));
         let p = Plan::of(&allowed).unwrap();
         assert_eq!((p.tools.len(), p.required, p.max_calls), (1, true, 3));
-        let lark = p.lark(CallFormat::Hermes, &[json!({"type": "object"})]);
+        let lark = p.lark(CallFormat::Hermes(None), &[json!({"type": "object"})]);
         assert!(lark.starts_with("start: calls\n"), "{lark}");
         assert!(lark.contains("(\"\\n\" call){0,2}"), "{lark}");
         assert!(lark.contains("{\\\"name\\\": \\\"a\\\", \\\"arguments\\\": \""), "{lark}");
         assert!(!lark.contains("\\\"b\\\""), "b is not allowed: {lark}");
+    }
+
+    #[test]
+    fn hermes_tags_that_are_single_tokens_are_emitted_as_those_tokens() {
+        let tags = CallFormat::Hermes(Some(HermesTags { open: 151657, close: 151658 }));
+        let required = req(json!({"tool_choice": "required"}));
+        let lark = Plan::of(&required).unwrap().lark(tags, &[json!({}), json!({})]);
+        assert!(lark.contains("call: <[151657]> \"\\n\" body \"\\n\" <[151658]>\n"), "{lark}");
+        assert!(!lark.contains("\"<tool_call>"), "the tags' text is not a way to call: {lark}");
+        let auto = Plan::of(&req(json!({}))).unwrap().lark(tags, &[json!({}), json!({})]);
+        assert!(auto.starts_with("start: TEXT | TEXT calls\n"), "{auto}");
+        assert_eq!(tags.marker_tokens(), vec![(151657, HERMES_OPEN), (151658, HERMES_CLOSE)]);
     }
 
     #[test]
@@ -362,9 +398,9 @@ mod tests {
         let none = req(json!({"tool_choice": "none", "text": {"format": {"type": "json_object"}}}));
         let p = Plan::of(&none).unwrap();
         assert!(p.tools.is_empty() && p.json_object);
-        assert!(p.lark(CallFormat::Hermes, &[]).starts_with("start: text_json\n"));
+        assert!(p.lark(CallFormat::Hermes(None), &[]).starts_with("start: text_json\n"));
         let schema = req(json!({"tool_choice": "auto", "text": {"format": {"type": "json_schema", "name": "r", "schema": {"type": "object"}}}}));
         let p = Plan::of(&schema).unwrap();
-        assert!(p.lark(CallFormat::Hermes, &[json!({}), json!({})]).starts_with("start: text_json | calls\n"));
+        assert!(p.lark(CallFormat::Hermes(None), &[json!({}), json!({})]).starts_with("start: text_json | calls\n"));
     }
 }

@@ -222,11 +222,13 @@ fn to_mapper_inputs(
     match event {
         GenerationEvent::Started { cached_tokens } => vec![MapperInput::Started { cached_tokens }],
         GenerationEvent::Delta { mut text, token } => {
-            if let Some((id, marker)) = state.model.call_format.marker_token().filter(|_| calls_parsed) {
-                if token.id == id && !text.contains(marker) {
-                    // A special marker decodes to nothing; the call parser
-                    // needs it (after any text held over from earlier tokens).
-                    text.push_str(marker);
+            if calls_parsed {
+                for (id, marker) in state.model.call_format.marker_tokens() {
+                    if token.id == id && !text.contains(marker) {
+                        // A special marker decodes to nothing; the call parser
+                        // needs it (after any text held over from earlier tokens).
+                        text.push_str(marker);
+                    }
                 }
             }
             let now = Instant::now();

@@ -76,10 +76,10 @@ fn no_parser_when_no_call_may_be_made() {
         let req = validate(body, &limits).unwrap();
         crate::protocol::mapper::ResponseMapper::new("r".into(), 0, &req).response()
     };
-    assert!(ToolCallParser::for_response(&response(json!({})), CallFormat::Hermes).is_some());
+    assert!(ToolCallParser::for_response(&response(json!({})), CallFormat::Hermes(None)).is_some());
     for extra in [json!({"tool_choice": "none"}),
                   json!({"tool_choice": {"type": "allowed_tools", "mode": "none", "tools": [{"type": "function", "name": "get_weather"}]}})] {
-        assert!(ToolCallParser::for_response(&response(extra.clone()), CallFormat::Hermes).is_none(), "{extra}");
+        assert!(ToolCallParser::for_response(&response(extra.clone()), CallFormat::Hermes(None)).is_none(), "{extra}");
     }
 }
 
@@ -230,9 +230,9 @@ fn route_flushes_before_finished_and_for_response_reads_the_request() {
         let req = validate(body, &RequestLimits::default()).unwrap();
         ResponseObject::new("resp_1".into(), 0, &req)
     };
-    assert!(ToolCallParser::for_response(&req(json!({})), CallFormat::Hermes).is_some());
-    assert!(ToolCallParser::for_response(&req(json!({"tool_choice": "none"})), CallFormat::Hermes).is_none());
-    assert!(ToolCallParser::for_response(&req(json!({"tools": []})), CallFormat::Hermes).is_none());
+    assert!(ToolCallParser::for_response(&req(json!({})), CallFormat::Hermes(None)).is_some());
+    assert!(ToolCallParser::for_response(&req(json!({"tool_choice": "none"})), CallFormat::Hermes(None)).is_none());
+    assert!(ToolCallParser::for_response(&req(json!({"tools": []})), CallFormat::Hermes(None)).is_none());
 }
 
 #[test]
