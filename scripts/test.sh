@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 model_path=$(scripts/fetch-model.sh | tail -n 1)
 export SPINDLE_MODEL_GGUF="$model_path"
 echo "test model: $SPINDLE_MODEL_GGUF"
+# A real tool-calling model with K-quant and Q5_0 tensors (491 MB), for the
+# ignored-by-default tests in server/tests/qwen_tools.rs run below.
+SPINDLE_QWEN05_GGUF=$(scripts/fetch-model.sh --name qwen2.5-coder-0.5b-instruct | tail -n 1)
+export SPINDLE_QWEN05_GGUF
+echo "tool-calling model: $SPINDLE_QWEN05_GGUF"
+bash scripts/tests/fetch-model-names.sh
 
 # The OpenAI Python SDK (from PyPI, exact pins) in .venv-py, for
 # server/tests/openai_sdk.rs. Idempotent: the venv is made once, and pip
@@ -26,6 +32,8 @@ scripts/install-nvcc.sh >/dev/null
 mkdir -p target
 # [profile.test] is opt-level 3, so model tests run at full speed.
 cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.log
+# Tool calls on Qwen2.5-Coder-0.5B (ignored by a plain `cargo test`).
+cargo test -p spindle-server --test qwen_tools -- --ignored 2>&1 | tee -a target/test-output.log
 # The kernels crate with its CUDA kernels compiled and embedded, and the
 # engine's CUDA backend with its GPU-vs-CPU tests (they skip without a GPU).
 cargo test -p spindle-kernels --features cuda 2>&1 | tee -a target/test-output.log

@@ -1,0 +1,82 @@
+//! Tool calls on a real tool-calling model: Qwen2.5-Coder-0.5B-Instruct
+//! (Q4_K_M: Q5_0, Q4_K, Q6_K and Q8_0 tensors), whose vocabulary has
+//! `<tool_call>` and `</tool_call>` as single added tokens.
+//!
+//! Ignored by a plain `cargo test` (the model is 491 MB); `scripts/test.sh`
+//! fetches it, sets `SPINDLE_QWEN05_GGUF` and runs these with `--ignored`.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use common::Server;
+use serde_json::{json, Value};
+use spindle_server::app::Limits;
+use std::time::Duration;
+
+const NAME: &str = "qwen2.5-coder-0.5b-instruct";
+
+async fn start() -> Server {
+    let path = std::env::var("SPINDLE_QWEN05_GGUF")
+        .expect("SPINDLE_QWEN05_GGUF must name qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (scripts/test.sh sets it)");
+    common::start_model(&path, NAME, vec![], Limits::default(), 256, |s| std::sync::Arc::new(s)).await
+}
+
+async fn post(s: &Server, mut body: Value) -> Value {
+    body["model"] = json!(NAME);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client");
+    let r = client.post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.expect("json body");
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "name": "get_weather", "description": "Current weather for a city",
+         "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"],
+                        "additionalProperties": false}},
+        {"type": "function", "name": "get_time", "description": "Current local time in a time zone",
+         "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"],
+                        "additionalProperties": false}}
+    ])
+}
+
+/// The response's function calls as (name, arguments).
+fn calls(r: &Value) -> Vec<(String, Value)> {
+    r["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .filter(|o| o["type"] == "function_call")
+        .map(|o| {
+            let args = serde_json::from_str(o["arguments"].as_str().expect("arguments string")).expect("arguments are JSON");
+            (o["name"].as_str().expect("name").to_string(), args)
+        })
+        .collect()
+}
+
+#[tokio::test]
+#[ignore = "needs the 491 MB Qwen2.5-Coder-0.5B file: scripts/test.sh fetches it and runs this with --ignored"]
+async fn required_named_and_allowed_tools_give_calls_valid_under_their_schemas() {
+    let s = start().await;
+    let ask = "What's the weather in Paris, and what time is it in Tokyo?";
+    let required = post(&s, json!({"input": ask, "tools": tools(), "tool_choice": "required",
+                                   "parallel_tool_calls": false, "max_output_tokens": 80})).await;
+    let c = calls(&required);
+    assert_eq!(c.len(), 1, "one call (parallel_tool_calls false): {required}");
+    assert_eq!(required["status"], "completed", "{required}");
+    let named = post(&s, json!({"input": ask, "tools": tools(), "parallel_tool_calls": false, "max_output_tokens": 80,
+                                "tool_choice": {"type": "function", "name": "get_time"}})).await;
+    let c = calls(&named);
+    assert_eq!(c.len(), 1, "{named}");
+    assert_eq!(c[0].0, "get_time");
+    assert!(c[0].1["timezone"].is_string() && c[0].1.as_object().unwrap().len() == 1, "{named}");
+    let allowed = post(&s, json!({"input": ask, "tools": tools(), "parallel_tool_calls": false, "max_output_tokens": 80,
+                                  "tool_choice": {"type": "allowed_tools", "mode": "required",
+                                                  "tools": [{"type": "function", "name": "get_weather"}]}})).await;
+    let c = calls(&allowed);
+    assert_eq!(c.len(), 1, "{allowed}");
+    assert_eq!(c[0].0, "get_weather");
+    assert!(c[0].1["location"].is_string() && c[0].1.as_object().unwrap().len() == 1, "{allowed}");
+}
