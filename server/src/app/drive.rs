@@ -224,7 +224,10 @@ fn to_mapper_inputs(
         GenerationEvent::Delta { mut text, token } => {
             if calls_parsed {
                 for (id, marker) in state.model.call_format.marker_tokens() {
-                    if token.id == id && !text.contains(marker) {
+                    // A tag that decodes to its own text ends this delta with it
+                    // (text held over may contain the tag's characters, e.g.
+                    // inside a JSON string, so `contains` is not the test).
+                    if token.id == id && !text.ends_with(marker) {
                         // A special marker decodes to nothing; the call parser
                         // needs it (after any text held over from earlier tokens).
                         text.push_str(marker);

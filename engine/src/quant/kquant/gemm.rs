@@ -114,6 +114,7 @@ pub fn kgemm_kernels(dtype: GgmlType) -> Option<KGemmKernels> {
 }
 
 /// The kernels' shape contract: `nb` super-blocks in every row, `groups * nb` groups.
+#[cfg(target_arch = "x86_64")]
 fn check(w: &[&[u8]], x: &[Q8KGroup], nb: usize, groups: usize, bytes: usize) {
     assert!(w.iter().all(|r| r.len() >= nb * bytes), "K-quant GEMM: weight row shorter than {nb} super-blocks");
     assert!(x.len() >= groups * nb, "K-quant GEMM: {} activation groups for {groups} x {nb}", x.len());
@@ -134,7 +135,6 @@ struct Unpacked {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb: usize, out: &mut [[[f32; GROUP]; R]]) {
-    let groups = out.len();
     for o in out.iter_mut() {
         *o = [[0.0; GROUP]; R];
     }
@@ -152,7 +152,7 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
             }
             (row.scales, row.mins) = F::int_scales(wb);
         }
-        for (g, out) in out.iter_mut().enumerate().take(groups) {
+        for (g, out) in out.iter_mut().enumerate() {
             // SAFETY: g * nb + b < groups * nb <= x.len() (checked by `check`).
             unsafe { group_block::<F, R>(&rows, &x[g * nb + b], out) }
         }
