@@ -240,33 +240,8 @@ impl Linear {
             WeightData::Blocks { bytes, row_bytes, kquant: Some(k), .. }
                 if precision == MatmulPrecision::Fast && !xq.krows.is_empty() =>
             {
-                let nb = cols / QK_K;
-                let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
-                let mut r = rows.start;
-                if n < 4 {
-                    while r + 4 <= rows.end {
-                        for t in 0..n {
-                            let out = (k.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.krows[t * nb..(t + 1) * nb]);
-                            for (i, v) in out.into_iter().enumerate() {
-                                write(r + i, t, v);
-                            }
-                        }
-                        r += 4;
-                    }
-                }
-                for r in r..rows.end {
-                    let wr = row(r);
-                    let mut t = 0;
-                    while t + 4 <= n {
-                        for (j, v) in (k.four)(wr, &xq.krows[t * nb..(t + 4) * nb], nb).into_iter().enumerate() {
-                            write(r, t + j, v);
-                        }
-                        t += 4;
-                    }
-                    for t in t..n {
-                        write(r, t, (k.one)(wr, &xq.krows[t * nb..(t + 1) * nb]));
-                    }
-                }
+                let kernels = TokenKernels { one: k.one, four: k.four, rows4: k.rows4 };
+                token_rows(kernels, bytes, *row_bytes, rows, &xq.krows, cols / QK_K, n, write);
             }
             WeightData::F32(w) => {
                 for r in rows {
@@ -277,33 +252,8 @@ impl Linear {
                 }
             }
             WeightData::Blocks { bytes, row_bytes, kernels: Some(k), .. } if precision == MatmulPrecision::Fast => {
-                let nb = cols / QK;
-                let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
-                let mut r = rows.start;
-                if n < 4 {
-                    while r + 4 <= rows.end {
-                        for t in 0..n {
-                            let out = (k.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.rows[t * nb..(t + 1) * nb]);
-                            for (i, v) in out.into_iter().enumerate() {
-                                write(r + i, t, v);
-                            }
-                        }
-                        r += 4;
-                    }
-                }
-                for r in r..rows.end {
-                    let wr = row(r);
-                    let mut t = 0;
-                    while t + 4 <= n {
-                        for (j, v) in (k.four)(wr, &xq.rows[t * nb..(t + 4) * nb], nb).into_iter().enumerate() {
-                            write(r, t + j, v);
-                        }
-                        t += 4;
-                    }
-                    for t in t..n {
-                        write(r, t, (k.one)(wr, &xq.rows[t * nb..(t + 1) * nb]));
-                    }
-                }
+                let kernels = TokenKernels { one: k.one, four: k.four, rows4: k.rows4 };
+                token_rows(kernels, bytes, *row_bytes, rows, &xq.rows, cols / QK, n, write);
             }
             WeightData::Blocks { dtype, bytes, row_bytes, .. } => {
                 let mut row = vec![0f32; cols];
@@ -316,6 +266,56 @@ impl Linear {
             }
         }
         Ok(())
+    }
+}
+
+/// One weight format's kernels over token rows of activation blocks `X`
+/// (32-value [`Q8Block`]s or K-quant [`Q8KBlock`]s).
+struct TokenKernels<X> {
+    one: fn(&[u8], &[X]) -> f32,
+    four: fn(&[u8], &[X], usize) -> [f32; 4],
+    rows4: fn([&[u8]; 4], &[X]) -> [f32; 4],
+}
+
+/// Output rows `rows` for `n` tokens of `nb` blocks each: fewer than 4
+/// tokens take four weight rows at a time (independent chains), otherwise
+/// each weight row takes four tokens at a time; the rest one by one.
+#[allow(clippy::too_many_arguments)]
+fn token_rows<X>(
+    k: TokenKernels<X>,
+    bytes: &[u8],
+    row_bytes: usize,
+    rows: std::ops::Range<usize>,
+    x: &[X],
+    nb: usize,
+    n: usize,
+    write: &dyn Fn(usize, usize, f32),
+) {
+    let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
+    let mut r = rows.start;
+    if n < 4 {
+        while r + 4 <= rows.end {
+            for t in 0..n {
+                let out = (k.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &x[t * nb..(t + 1) * nb]);
+                for (i, v) in out.into_iter().enumerate() {
+                    write(r + i, t, v);
+                }
+            }
+            r += 4;
+        }
+    }
+    for r in r..rows.end {
+        let wr = row(r);
+        let mut t = 0;
+        while t + 4 <= n {
+            for (j, v) in (k.four)(wr, &x[t * nb..(t + 4) * nb], nb).into_iter().enumerate() {
+                write(r, t + j, v);
+            }
+            t += 4;
+        }
+        for t in t..n {
+            write(r, t, (k.one)(wr, &x[t * nb..(t + 1) * nb]));
+        }
     }
 }
 
