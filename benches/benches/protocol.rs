@@ -14,7 +14,8 @@ use spindle_engine::sampling::{SampledToken, SamplingParams};
 use spindle_engine::tokenizer::{SpecialTokens, Tokenizer};
 use spindle_engine::EngineError;
 use spindle_scheduler::output::StopConditions;
-use spindle_scheduler::{GenerationEvent, GenerationRequest, SchedulerConfig, SchedulerHandle, StepRunner};
+use spindle_engine::runner::{Executor, KvGeometry};
+use spindle_scheduler::{GenerationEvent, GenerationRequest, SchedulerConfig, SchedulerHandle};
 use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
 use spindle_server::protocol::{validate, MapperInput, RequestLimits, ResponseMapper};
 use spindle_server::store::MemoryStore;
@@ -26,7 +27,15 @@ const TOKENS: usize = 256;
 
 struct InstantRunner(u32);
 
-impl StepRunner for InstantRunner {
+impl Executor for InstantRunner {
+    fn context_length(&self) -> usize {
+        1 << 16
+    }
+
+    fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry { block_size: 16, num_blocks: 4096, bytes_per_block: 0 }
+    }
+
     fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput, EngineError> {
         self.0 = self.0.wrapping_add(1);
         let token = 97 + self.0 % 20;
@@ -72,8 +81,7 @@ fn bench_mapper(c: &mut Criterion) {
 }
 
 fn scheduler(tok: &Tokenizer) -> SchedulerHandle {
-    let config = SchedulerConfig { num_blocks: 4096, context_length: 1 << 16, ..SchedulerConfig::default() };
-    SchedulerHandle::spawn(config, InstantRunner(0), tok.clone())
+    SchedulerHandle::spawn(SchedulerConfig::default(), InstantRunner(0), tok.clone())
 }
 
 fn direct(handle: &SchedulerHandle, rt: &tokio::runtime::Runtime) -> Duration {

@@ -8,7 +8,7 @@ use spindle_engine::sampling::{SampledToken, SamplingParams};
 use spindle_engine::tokenizer::{SpecialTokens, Tokenizer};
 use spindle_scheduler::core::Scheduler;
 use spindle_scheduler::output::StopConditions;
-use spindle_scheduler::{GenerationRequest, Metrics, SchedulerConfig};
+use spindle_scheduler::{GenerationRequest, Metrics, ModelLimits, SchedulerConfig};
 use std::sync::Arc;
 
 const SEQS: usize = 256;
@@ -41,14 +41,9 @@ fn tiny_tokenizer() -> Tokenizer {
 
 fn bench_step(c: &mut Criterion) {
     let tokenizer = tiny_tokenizer();
-    let config = SchedulerConfig {
-        num_blocks: 1 << 20,
-        max_num_seqs: SEQS,
-        max_num_batched_tokens: 8192,
-        context_length: 1 << 20,
-        ..SchedulerConfig::default()
-    };
-    let mut scheduler = Scheduler::new(config, Arc::new(Metrics::default()));
+    let config = SchedulerConfig { max_num_seqs: SEQS, max_num_batched_tokens: 8192, ..SchedulerConfig::default() };
+    let limits = ModelLimits { block_size: 16, num_blocks: 1 << 20, context_length: 1 << 20 };
+    let mut scheduler = Scheduler::new(config, limits, Arc::new(Metrics::default()));
     let mut receivers = Vec::new();
     for i in 0..SEQS {
         let prompt: Vec<u32> = (0..32).map(|t| ((t * 7 + i) % 250) as u32).collect();

@@ -37,6 +37,11 @@ impl KvPool {
         bytes / per_block.max(1)
     }
 
+    /// Layers.
+    pub fn num_layers(&self) -> usize {
+        self.keys.len()
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size

@@ -2,11 +2,10 @@
 //! chat template, and runs Llama-family models on a backend through a paged
 //! KV pool. It knows nothing of HTTP or scheduling policy.
 
+pub mod backend;
 pub mod batch;
 pub mod chat_template;
 pub mod config;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod error;
 pub mod generate;
 pub mod gguf;
@@ -16,6 +15,7 @@ pub mod kv;
 pub mod load;
 pub mod model;
 pub mod models;
+pub mod open;
 pub mod quant;
 pub mod runner;
 pub mod sampling;
@@ -24,3 +24,4 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use error::{EngineError, Result};
+pub use open::{open, Device, EngineOptions, OpenedModel};

@@ -81,6 +81,29 @@ fn with_weights(meta: ModelMeta, model: LlamaModel) -> LoadedModel {
     LoadedModel { location: meta.location, model, tokenizer: meta.tokenizer, template: meta.template, stop_tokens }
 }
 
+/// Everything but the weights from an opened file or directory.
+pub fn load_meta_from(location: ModelLocation, src: &dyn MetaSource) -> Result<ModelMeta> {
+    src.meta(location)
+}
+
+/// A model container that carries its config, tokenizer and template.
+pub trait MetaSource {
+    /// Its metadata, served under `location`.
+    fn meta(&self, location: ModelLocation) -> Result<ModelMeta>;
+}
+
+impl MetaSource for GgufFile {
+    fn meta(&self, location: ModelLocation) -> Result<ModelMeta> {
+        gguf_meta(location, self)
+    }
+}
+
+impl MetaSource for HfModelDir {
+    fn meta(&self, location: ModelLocation) -> Result<ModelMeta> {
+        hf_meta(location, self)
+    }
+}
+
 fn gguf_meta(location: ModelLocation, file: &GgufFile) -> Result<ModelMeta> {
     let config = ModelConfig::from_gguf(file)?;
     let tokenizer = Tokenizer::from_gguf_spec(gguf_tokenizer_spec(file)?)?;

@@ -1,81 +1,43 @@
-//! `ModelRunner`: a model plus the physical KV pool, executing one
-//! `ForwardBatch` per call and sampling a token per sequence.
+//! The [`Executor`] contract the scheduler drives (one step per call, over
+//! the executor's own KV cache), and host sampling of a step's logits.
+
+pub use crate::backend::{DeviceReading, DeviceTelemetry, KvGeometry, Presampled};
+pub use crate::model::decoder::ModelRunner;
 
 use crate::batch::{ForwardBatch, SeqOutput, SeqSampling, StepOutput};
 use crate::error::Result;
-use crate::kv::KvPool;
-use crate::model::LlamaModel;
 use crate::sampling::{SampledToken, Sampler};
 use rayon::prelude::*;
 
-/// A backend that runs steps over its own KV cache (the CPU's
-/// [`ModelRunner`], or the GPU's `cuda::CudaRunner`).
-pub trait Executor {
+/// What an executor runs on, for logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorInfo {
+    /// The device, in words.
+    pub device: String,
+    /// Bytes of weights on it.
+    pub weight_bytes: usize,
+}
+
+/// Runs forward steps over its own KV cache: a model on a backend
+/// ([`crate::model::Decoder`]), or a fake in tests.
+pub trait Executor: Send {
     /// Run one step and sample where asked.
     fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput>;
     /// The model's context window.
     fn context_length(&self) -> usize;
+    /// The KV cache's shape: the scheduler allocates blocks of it.
+    fn kv_geometry(&self) -> KvGeometry;
     /// Tokens per KV block.
-    fn block_size(&self) -> usize;
-}
-
-impl Executor for ModelRunner {
-    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
-        ModelRunner::execute(self, batch)
-    }
-
-    fn context_length(&self) -> usize {
-        self.model.config().context_length
-    }
-
     fn block_size(&self) -> usize {
-        self.kv.block_size()
+        self.kv_geometry().block_size
     }
-}
-
-/// Runs forward steps of one model over its own KV pool.
-#[derive(Debug)]
-pub struct ModelRunner {
-    model: LlamaModel,
-    kv: KvPool,
-}
-
-impl ModelRunner {
-    /// A runner with a pool of `num_blocks` blocks of `block_size` tokens.
-    pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Self {
-        let c = model.config();
-        let kv = KvPool::new(c.num_layers, num_blocks, block_size, c.kv_dim());
-        Self { model, kv }
+    /// What it runs on.
+    fn info(&self) -> ExecutorInfo {
+        ExecutorInfo { device: "unknown".into(), weight_bytes: 0 }
     }
-
-    /// The model.
-    pub fn model(&self) -> &LlamaModel {
-        &self.model
-    }
-
-    /// Mutable access to the model (e.g. to change matmul precision).
-    pub fn model_mut(&mut self) -> &mut LlamaModel {
-        &mut self.model
-    }
-
-    /// The KV pool's geometry.
-    pub fn kv(&self) -> &KvPool {
-        &self.kv
-    }
-
-    /// Run one step: all sequences' new tokens through the model, then sample
-    /// for those that asked.
-    ///
-    /// The step runs on a worker of the rayon pool, so the many parallel
-    /// regions inside it start without handing work across threads (the
-    /// calling thread would otherwise block and wake once per region).
-    pub fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
-        rayon::scope(|_| self.execute_here(batch))
-    }
-
-    fn execute_here(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
-        let logits = self.model.forward(batch, &mut self.kv)?;
-        sample_outputs(batch, logits, self.model.config().vocab_size)
+    /// A live view of the device's state, when the backend has one.
+    fn telemetry(&self) -> Option<std::sync::Arc<dyn DeviceTelemetry>> {
+        None
     }
 }
 
@@ -84,17 +46,6 @@ impl ModelRunner {
 pub fn sample_outputs(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize) -> Result<StepOutput> {
     let none = vec![Presampled::No; batch.seqs.len()];
     sample_outputs_with(batch, logits, vocab, none)
-}
-
-/// What a backend that samples on its own (the GPU) did for a sequence.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Presampled {
-    /// Nothing: the host samples from the sequence's logits (if it samples).
-    No,
-    /// This token (its grammar already advanced past it).
-    Token(SampledToken),
-    /// Its grammar allows no token: the sequence ends without one.
-    GrammarEnded,
 }
 
 /// [`sample_outputs`] where a backend already sampled some sequences
@@ -166,4 +117,26 @@ fn mix(seed: u64, step: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+impl<E: Executor + ?Sized> Executor for Box<E> {
+    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+        (**self).execute(batch)
+    }
+
+    fn context_length(&self) -> usize {
+        (**self).context_length()
+    }
+
+    fn kv_geometry(&self) -> KvGeometry {
+        (**self).kv_geometry()
+    }
+
+    fn info(&self) -> ExecutorInfo {
+        (**self).info()
+    }
+
+    fn telemetry(&self) -> Option<std::sync::Arc<dyn DeviceTelemetry>> {
+        (**self).telemetry()
+    }
 }

@@ -201,7 +201,7 @@ fn execute(runner: &mut ModelRunner, s: SeqInput) -> Result<(), EngineError> {
 }
 
 fn gen(runner: &mut ModelRunner, prompt: Vec<u32>) -> Result<(), EngineError> {
-    let mut alloc = BlockAllocator::new(runner.kv().num_blocks());
+    let mut alloc = BlockAllocator::new(runner.kv_geometry().num_blocks);
     let req = GenerateRequest {
         prompt,
         max_tokens: 4,
@@ -327,7 +327,7 @@ fn a_matrix_weight_of_an_unusable_type_is_unsupported_dtype() {
     };
     let mut runner = ModelRunner::new(model, 4, 16);
     for precision in [MatmulPrecision::Fast, MatmulPrecision::Exact] {
-        runner.model_mut().set_precision(precision);
+        runner.set_precision(precision);
         match execute(&mut runner, seq(vec![1, 2], 0, vec![0])) {
             Err(EngineError::UnsupportedDtype(m)) => assert!(m.contains("Q8_1"), "{precision:?}: {m}"),
             other => panic!("{precision:?} forward over a Q8_1 weight: expected UnsupportedDtype, got {other:?}"),

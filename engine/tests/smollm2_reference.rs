@@ -30,9 +30,9 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn all_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Vec<f32> {
-    let mut alloc = BlockAllocator::new(runner.kv().num_blocks());
+    let mut alloc = BlockAllocator::new(runner.kv_geometry().num_blocks);
     let mut table = Vec::new();
-    alloc.ensure(&mut table, prompt.len(), runner.kv().block_size()).expect("blocks");
+    alloc.ensure(&mut table, prompt.len(), runner.kv_geometry().block_size).expect("blocks");
     let seq = SeqInput { tokens: prompt.to_vec(), start_pos: 0, block_table: table, logits: LogitsRequest::All, sampling: None };
     runner.execute(&ForwardBatch { seqs: vec![seq] }).expect("forward").seqs.remove(0).logits
 }
@@ -81,18 +81,18 @@ fn logits_match_the_numpy_reference() {
     let Some(path) = common::smollm2_path() else { return };
     let fx = fixture();
     let mut runner = ModelRunner::new(common::load_smollm2(&path), 16, 16);
-    runner.model_mut().set_precision(MatmulPrecision::Exact);
+    runner.set_precision(MatmulPrecision::Exact);
     for p in fx["prompts"].as_array().expect("prompts") {
         check_prompt(&mut runner, p, 2e-3, "exact");
     }
-    runner.model_mut().set_precision(MatmulPrecision::Fast);
+    runner.set_precision(MatmulPrecision::Fast);
     for p in fx["prompts"].as_array().expect("prompts") {
         check_prompt(&mut runner, p, 1.0, "fast");
     }
 }
 
 fn greedy(runner: &mut ModelRunner, case: &Value) -> Vec<u32> {
-    let mut alloc = BlockAllocator::new(runner.kv().num_blocks());
+    let mut alloc = BlockAllocator::new(runner.kv_geometry().num_blocks);
     let req = GenerateRequest {
         prompt: ids(&case["prompt_ids"]),
         max_tokens: case["max_new_tokens"].as_u64().expect("n") as usize,
@@ -114,7 +114,7 @@ fn exact_greedy_decoding_reproduces_the_reference_tokens() {
     let Some(path) = common::smollm2_path() else { return };
     let fx = fixture();
     let mut runner = ModelRunner::new(common::load_smollm2(&path), 32, 16);
-    runner.model_mut().set_precision(MatmulPrecision::Exact);
+    runner.set_precision(MatmulPrecision::Exact);
     for case in [&fx["greedy"], &fx["greedy_long"]] {
         let expected = ids(&case["tokens"]);
         let got = greedy(&mut runner, case);

@@ -10,6 +10,15 @@ extern "C" __global__ void silu_mul_bf16(bf16* __restrict__ out, const bf16* __r
     }
 }
 
+// y[r, c] += bias[c] over `rows` rows of `n` values (grid-stride); the
+// q/k/v biases of Qwen2.
+extern "C" __global__ void add_bias_bf16(bf16* __restrict__ y, const bf16* __restrict__ bias, long long rows, int n) {
+    const long long total = rows * (long long)n;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        y[i] = to_bf16(to_f32(y[i]) + to_f32(bias[i % n]));
+    }
+}
+
 // out[row, :] = table[ids[row], :] for `rows` rows of `dim` values; one block
 // per row. An id outside the vocabulary gives a row of zeros (the engine
 // rejects such ids before they get here).

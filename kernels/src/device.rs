@@ -92,8 +92,15 @@ fn row_block(n: usize) -> u32 {
 }
 
 impl Gpu {
-    /// Opens device `ordinal` and loads the embedded kernels.
+    /// Opens device `ordinal` and loads the embedded kernels (GEMMs on
+    /// cuBLAS when it loads).
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        Self::open_with(ordinal, true)
+    }
+
+    /// [`Self::open`], with cuBLAS used for GEMMs only if `cublas` (else
+    /// Spindle's own GEMM kernels run them).
+    pub fn open_with(ordinal: usize, cublas: bool) -> Result<Self, CudaError> {
         if !driver_present() {
             return Err(CudaError::NoDriver);
         }
@@ -125,7 +132,7 @@ impl Gpu {
                 functions.insert(f, module.load_function(f)?);
             }
         }
-        let blas = blas::Blas::open(&stream);
+        let blas = blas::Blas::open(&stream, cublas);
         Ok(Self { ctx, stream, functions, blas })
     }
 
@@ -214,6 +221,26 @@ impl Gpu {
         let mut launch = self.stream.launch_builder(f);
         launch.arg(out).arg(gate).arg(up).arg(&n64);
         // SAFETY: as in add_rmsnorm; all three buffers hold n values.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `y[r, c] += bias[c]` over `rows` rows of `n` values.
+    pub fn add_bias(&self, y: &mut CudaSlice<bf16>, bias: &CudaSlice<bf16>, rows: usize, n: usize) -> Result<(), CudaError> {
+        let f = self.function("add_bias_bf16")?;
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        need(y, rows * n, "y")?;
+        need(bias, n, "bias")?;
+        let rows64 = i64::try_from(rows).map_err(|_| CudaError::TooLarge(rows))?;
+        let n32 = int(n)?;
+        let blocks = (rows * n).div_ceil(256).clamp(1, 65_535) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(y).arg(bias).arg(&rows64).arg(&n32);
+        // SAFETY: y holds rows * n values and bias n (checked above); the
+        // argument list matches the kernel's signature.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }

@@ -1,12 +1,10 @@
-//! Scheduling policy, in one place.
+//! Scheduling policy, in one place; the executor fixes the rest.
+
+use spindle_engine::runner::Executor;
 
 /// Limits and switches of the scheduler.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// KV blocks in the pool (must equal the engine pool's).
-    pub num_blocks: usize,
     /// Most sequences in one step.
     pub max_num_seqs: usize,
     /// Most new tokens (decode + prefill chunks) in one step.
@@ -15,8 +13,6 @@ pub struct SchedulerConfig {
     pub max_waiting: usize,
     /// Share full KV blocks between requests with equal prefixes.
     pub enable_prefix_caching: bool,
-    /// The model's context window.
-    pub context_length: usize,
     /// Folded into every prefix-cache key (e.g. a hash of the model file), so
     /// blocks of one model revision are never reused for another.
     pub model_salt: u64,
@@ -24,15 +20,32 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self {
-            block_size: 16,
-            num_blocks: 1024,
-            max_num_seqs: 64,
-            max_num_batched_tokens: 512,
-            max_waiting: 256,
-            enable_prefix_caching: true,
-            context_length: 8192,
-            model_salt: 0,
-        }
+        Self { max_num_seqs: 64, max_num_batched_tokens: 512, max_waiting: 256, enable_prefix_caching: true, model_salt: 0 }
+    }
+}
+
+/// What the executor fixes: its KV cache's shape and the model's context
+/// window. [`crate::SchedulerHandle::spawn`] reads them from the executor,
+/// so the scheduler's block ids always index the executor's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the cache.
+    pub num_blocks: usize,
+    /// The model's context window.
+    pub context_length: usize,
+}
+
+impl ModelLimits {
+    /// The limits of `executor`.
+    pub fn of(executor: &dyn Executor) -> Self {
+        let g = executor.kv_geometry();
+        Self { block_size: g.block_size, num_blocks: g.num_blocks, context_length: executor.context_length() }
+    }
+
+    /// Tokens the KV cache holds.
+    pub fn cache_tokens(&self) -> usize {
+        self.block_size * self.num_blocks
     }
 }

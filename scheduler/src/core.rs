@@ -9,7 +9,7 @@
 //! running sequences are preempted (blocks freed, recomputed later through
 //! the prefix cache) and no new sequence is admitted in that step.
 
-use crate::config::SchedulerConfig;
+use crate::config::{ModelLimits, SchedulerConfig};
 use crate::kv_cache::{KvCacheConfig, KvCacheManager};
 use crate::metrics::Metrics;
 use crate::output::StopReason;
@@ -32,6 +32,7 @@ pub struct Step {
 /// [`crate::handle`] drives it; it is public for benchmarks and tests.
 pub struct Scheduler {
     config: SchedulerConfig,
+    limits: ModelLimits,
     kv: KvCacheManager,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
@@ -39,14 +40,14 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// An empty scheduler.
-    pub fn new(config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
+    /// An empty scheduler over a cache of `limits`' shape.
+    pub fn new(config: SchedulerConfig, limits: ModelLimits, metrics: Arc<Metrics>) -> Self {
         let kv = KvCacheManager::new(KvCacheConfig {
-            num_blocks: config.num_blocks,
-            block_size: config.block_size,
+            num_blocks: limits.num_blocks,
+            block_size: limits.block_size,
             enable_prefix_caching: config.enable_prefix_caching,
         });
-        Self { config, kv, waiting: VecDeque::new(), running: Vec::new(), metrics }
+        Self { config, limits, kv, waiting: VecDeque::new(), running: Vec::new(), metrics }
     }
 
     /// Whether any request is waiting or running.
@@ -163,7 +164,7 @@ impl Scheduler {
             seq.num_computed += n;
             self.kv.commit(&mut seq.kv, &seq.tokens, seq.num_computed, seq.salt);
             let done = match out.sampled {
-                Some(sampled) => !advance(seq, sampled, self.config.context_length),
+                Some(sampled) => !advance(seq, sampled, self.limits.context_length),
                 None if out.grammar_ended => {
                     finish(seq, FinishReason::Eos);
                     true

@@ -1,40 +1,19 @@
 //! The async facade: a step-loop thread owns all scheduling state; callers
 //! talk to it through [`SchedulerHandle`] and read [`EventStream`]s.
 
-use crate::config::SchedulerConfig;
+use crate::config::{ModelLimits, SchedulerConfig};
 use crate::core::Scheduler;
 use crate::kv_cache::KvUsage;
 use crate::metrics::Metrics;
 use crate::request::{GenerationEvent, GenerationRequest};
 use crate::sequence::{RequestId, Sequence};
-use spindle_engine::batch::{ForwardBatch, StepOutput};
-use spindle_engine::runner::ModelRunner;
+use spindle_engine::runner::Executor;
 use spindle_engine::tokenizer::Tokenizer;
-use spindle_engine::EngineError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-
-/// Runs forward steps (the engine's `ModelRunner`, or a fake in tests).
-pub trait StepRunner: Send + 'static {
-    /// Run one batch.
-    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput, EngineError>;
-}
-
-impl StepRunner for ModelRunner {
-    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput, EngineError> {
-        ModelRunner::execute(self, batch)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl StepRunner for spindle_engine::cuda::CudaRunner {
-    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput, EngineError> {
-        spindle_engine::cuda::CudaRunner::execute(self, batch)
-    }
-}
 
 /// Why `submit` refused a request.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +67,7 @@ pub struct SchedulerHandle {
     commands: mpsc::Sender<Command>,
     next_id: Arc<AtomicU64>,
     config: Arc<SchedulerConfig>,
+    limits: ModelLimits,
     tokenizer: Tokenizer,
     metrics: Arc<Metrics>,
 }
@@ -137,18 +117,20 @@ impl Drop for EventStream {
 }
 
 impl SchedulerHandle {
-    /// Start the step loop on its own thread.
-    pub fn spawn(config: SchedulerConfig, runner: impl StepRunner, tokenizer: Tokenizer) -> Self {
+    /// Start the step loop on its own thread, driving `runner` (whose KV
+    /// cache shape and context window the scheduler adopts).
+    pub fn spawn(config: SchedulerConfig, runner: impl Executor + 'static, tokenizer: Tokenizer) -> Self {
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::default());
-        let scheduler = Scheduler::new(config.clone(), metrics.clone());
+        let limits = ModelLimits::of(&runner);
+        let scheduler = Scheduler::new(config.clone(), limits, metrics.clone());
         let loop_metrics = metrics.clone();
         std::thread::Builder::new()
             .name("spindle-step-loop".into())
             .spawn(move || step_loop(scheduler, runner, rx, loop_metrics))
             .map(|_| ())
             .unwrap_or_else(|e| tracing::error!("could not start the step loop: {e}"));
-        Self { commands: tx, next_id: Arc::new(AtomicU64::new(1)), config: Arc::new(config), tokenizer, metrics }
+        Self { commands: tx, next_id: Arc::new(AtomicU64::new(1)), config: Arc::new(config), limits, tokenizer, metrics }
     }
 
     /// Queue a request; its events arrive on the returned stream.
@@ -172,12 +154,12 @@ impl SchedulerHandle {
         if len == 0 {
             return Err(SubmitError::EmptyPrompt);
         }
-        if len >= self.config.context_length {
-            return Err(SubmitError::ContextLengthExceeded { len, max: self.config.context_length });
+        if len >= self.limits.context_length {
+            return Err(SubmitError::ContextLengthExceeded { len, max: self.limits.context_length });
         }
-        let needed = (len + 1).div_ceil(self.config.block_size);
-        if needed > self.config.num_blocks {
-            return Err(SubmitError::TooLargeForCache { len, needed, total: self.config.num_blocks });
+        let needed = (len + 1).div_ceil(self.limits.block_size);
+        if needed > self.limits.num_blocks {
+            return Err(SubmitError::TooLargeForCache { len, needed, total: self.limits.num_blocks });
         }
         request.sampling.validate().map_err(|e| SubmitError::InvalidSampling(e.to_string()))
     }
@@ -204,9 +186,14 @@ impl SchedulerHandle {
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }
+
+    /// The executor's KV cache shape and context window.
+    pub fn limits(&self) -> ModelLimits {
+        self.limits
+    }
 }
 
-fn step_loop(mut scheduler: Scheduler, mut runner: impl StepRunner, rx: mpsc::Receiver<Command>, metrics: Arc<Metrics>) {
+fn step_loop(mut scheduler: Scheduler, mut runner: impl Executor, rx: mpsc::Receiver<Command>, metrics: Arc<Metrics>) {
     let mut stalled = false;
     loop {
         let cmd = if !scheduler.has_work() {
@@ -242,7 +229,7 @@ fn apply(scheduler: &mut Scheduler, cmd: Command) {
 }
 
 /// Run one step; false when nothing could be scheduled.
-fn run_step(scheduler: &mut Scheduler, runner: &mut impl StepRunner, metrics: &Metrics) -> bool {
+fn run_step(scheduler: &mut Scheduler, runner: &mut impl Executor, metrics: &Metrics) -> bool {
     let Some(step) = scheduler.schedule() else { return false };
     let started = Instant::now();
     match runner.execute(&step.batch) {

@@ -17,8 +17,8 @@ pub mod output;
 pub mod request;
 mod sequence;
 
-pub use config::SchedulerConfig;
-pub use handle::{EventStream, SchedulerHandle, StepRunner, SubmitError};
+pub use config::{ModelLimits, SchedulerConfig};
+pub use handle::{EventStream, SchedulerHandle, SubmitError};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use request::{FinishReason, GeneratedToken, GenerationEvent, GenerationRequest, Usage};
 pub use sequence::RequestId;

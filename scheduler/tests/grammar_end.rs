@@ -10,7 +10,7 @@ use spindle_engine::batch::{ForwardBatch, SeqOutput, StepOutput};
 use spindle_engine::sampling::{SampledToken, SamplingParams};
 use spindle_scheduler::core::Scheduler;
 use spindle_scheduler::output::StopConditions;
-use spindle_scheduler::{FinishReason, GenerationEvent, GenerationRequest, Metrics, SchedulerConfig};
+use spindle_scheduler::{FinishReason, GenerationEvent, GenerationRequest, Metrics, ModelLimits, SchedulerConfig};
 use std::sync::Arc;
 
 fn outputs(batch: &ForwardBatch, ended: bool) -> StepOutput {
@@ -28,8 +28,8 @@ fn outputs(batch: &ForwardBatch, ended: bool) -> StepOutput {
 
 #[test]
 fn a_grammar_that_allows_nothing_finishes_the_sequence_and_frees_its_blocks() {
-    let config = SchedulerConfig { num_blocks: 64, ..SchedulerConfig::default() };
-    let mut scheduler = Scheduler::new(config, Arc::new(Metrics::default()));
+    let limits = ModelLimits { block_size: 16, num_blocks: 64, context_length: 8192 };
+    let mut scheduler = Scheduler::new(SchedulerConfig::default(), limits, Arc::new(Metrics::default()));
     let free_before = scheduler.kv().num_free_blocks();
     let request = GenerationRequest {
         prompt: vec![104, 105, 106],

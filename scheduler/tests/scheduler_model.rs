@@ -18,14 +18,7 @@ fn model() -> Option<LoadedModel> {
 }
 
 fn start(m: LoadedModel, num_blocks: usize, max_num_batched_tokens: usize) -> (SchedulerHandle, Vec<u32>) {
-    let config = SchedulerConfig {
-        num_blocks,
-        block_size: 16,
-        max_num_seqs: 32,
-        max_num_batched_tokens,
-        context_length: m.model.config().context_length,
-        ..SchedulerConfig::default()
-    };
+    let config = SchedulerConfig { max_num_seqs: 32, max_num_batched_tokens, ..SchedulerConfig::default() };
     let runner = ModelRunner::new(m.model, num_blocks, 16);
     (SchedulerHandle::spawn(config, runner, m.tokenizer), m.stop_tokens)
 }

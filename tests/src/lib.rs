@@ -46,9 +46,9 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 /// Logits for every position of `prompt` (`[len, vocab]` row-major), from a
 /// fresh prefill in one forward pass.
 pub fn prompt_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Result<Vec<f32>> {
-    let mut alloc = BlockAllocator::new(runner.kv().num_blocks());
+    let mut alloc = BlockAllocator::new(runner.kv_geometry().num_blocks);
     let mut table = Vec::new();
-    alloc.ensure(&mut table, prompt.len(), runner.kv().block_size())?;
+    alloc.ensure(&mut table, prompt.len(), runner.kv_geometry().block_size)?;
     let seq = SeqInput {
         tokens: prompt.to_vec(),
         start_pos: 0,
@@ -58,7 +58,7 @@ pub fn prompt_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Result<Vec<f32
     };
     let mut out = runner.execute(&ForwardBatch { seqs: vec![seq] })?;
     let logits = out.seqs.pop().map(|s| s.logits).unwrap_or_default();
-    let vocab = runner.model().config().vocab_size;
+    let vocab = runner.config().vocab_size;
     ensure!(
         logits.len() == prompt.len() * vocab,
         "got {} logits for {} tokens of vocab {vocab}",

@@ -11,16 +11,20 @@
 //! against the logits of the same step, and a decode step replayed from a
 //! CUDA graph against the same step launched eagerly (decode steps take
 //! graphs by default, so the comparisons above run through them too).
-//! Runs with `--features cuda`; skipped (saying why) without a GPU.
-#![cfg(feature = "cuda")]
+//! Built with `--features cuda` (a required feature of this test target);
+//! skipped (saying why) without a GPU.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
-use spindle_engine::cuda::{device_count, driver_present, CudaModel, KvSize};
+use spindle_engine::backend::cuda::{device_count, driver_present, CudaBackend, CudaSwitches};
+use spindle_engine::backend::KvSize;
+use spindle_engine::model::Decoder;
 use spindle_engine::kv::BlockAllocator;
 use spindle_engine::load::load_model;
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::{sample_outputs, ModelRunner, Presampled};
+
+type CudaModel = Decoder<CudaBackend>;
 use spindle_engine::grammar::GrammarCompiler;
 use spindle_engine::sampling::SamplingParams;
 use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyDtype, TinyModelOptions};
@@ -53,14 +57,15 @@ fn rel(got: &[f32], want: &[f32]) -> f32 {
 
 /// Prefill `prompt`, then 32 greedy steps, on both backends.
 fn compare(path: &str, prompt: &[u32], label: &str) {
-    let mut gpu = match CudaModel::open(path, 0, KvSize::Blocks(BLOCKS), BLOCK_SIZE) {
-        Ok(m) => m,
+    let gpu = spindle_engine::open::open_decoder(path, |c| CudaBackend::open(0, c, CudaSwitches::default()), KvSize::Blocks(BLOCKS), BLOCK_SIZE);
+    let mut gpu = match gpu {
+        Ok((m, _)) => m,
         Err(e) => panic!("{label}: loading on the GPU failed: {e}"),
     };
     let cpu_model = load_model(path, &mut |_, _| {}).expect("cpu model");
     let mut cpu = ModelRunner::new(cpu_model.model, BLOCKS, BLOCK_SIZE);
     // Quantized weights in f32 on the CPU, as the GPU expands them (to bf16).
-    cpu.model_mut().set_precision(MatmulPrecision::Exact);
+    cpu.set_precision(MatmulPrecision::Exact);
     let mut alloc = BlockAllocator::new(BLOCKS);
     let mut table = Vec::new();
     alloc.ensure(&mut table, prompt.len() + 33, BLOCK_SIZE).expect("blocks");
@@ -224,9 +229,9 @@ fn graphs_match_eager(gpu: &mut CudaModel, prompt: &[u32], label: &str) {
             .map(|(&len, table)| SeqInput { tokens: vec![prompt[len + offset]], start_pos: len + offset, block_table: table.clone(), logits: LogitsRequest::Last, sampling: None })
             .collect();
         let step = ForwardBatch { seqs };
-        gpu.set_cuda_graphs(false);
+        gpu.backend_mut().set_cuda_graphs(false);
         let eager = gpu.forward(&step).expect("eager step");
-        gpu.set_cuda_graphs(true);
+        gpu.backend_mut().set_cuda_graphs(true);
         let graphed = gpu.forward(&step).expect("graphed step");
         let again = gpu.forward(&step).expect("graph replay");
         for (i, ((g, a), e)) in graphed.iter().zip(&again).zip(&eager).enumerate() {
@@ -235,8 +240,8 @@ fn graphs_match_eager(gpu: &mut CudaModel, prompt: &[u32], label: &str) {
             assert_eq!(a, g, "{label}: step {offset}, sequence {i}: a replay differs from the first run");
         }
     }
-    assert!(gpu.captured_graphs() > 0, "{label}: no decode graph was captured");
-    println!("{label}: decode steps of {} sequences from CUDA graphs match eager steps ({} graphs captured)", lens.len(), gpu.captured_graphs());
+    assert!(gpu.backend().captured_graphs() > 0, "{label}: no decode graph was captured");
+    println!("{label}: decode steps of {} sequences from CUDA graphs match eager steps ({} graphs captured)", lens.len(), gpu.backend().captured_graphs());
 }
 
 fn sampling(params: SamplingParams) -> Option<SeqSampling> {

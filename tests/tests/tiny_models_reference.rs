@@ -151,7 +151,7 @@ fn check(fixture_name: &str) {
         stop_tokens: g["eos_id"].as_u64().map(|e| vec![e as u32]).unwrap_or_default(),
         prefill_chunk: 16,
     };
-    let mut alloc = BlockAllocator::new(runner.kv().num_blocks());
+    let mut alloc = BlockAllocator::new(runner.kv_geometry().num_blocks);
     let mut got = Vec::new();
     generate(&mut runner, &mut alloc, &req, &mut |t| {
         got.push(t.token);

@@ -21,8 +21,12 @@
 
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
 use spindle_engine::config::{ArchFamily, Llama3RopeScaling, ModelConfig, RopeStyle};
-use spindle_engine::cuda::{device_count, CudaModel, KvSize};
+use spindle_engine::backend::cuda::{device_count, CudaBackend, CudaSwitches};
+use spindle_engine::backend::KvSize;
+use spindle_engine::model::{Decoder, LlamaWeights};
 use spindle_engine::sampling::SamplingParams;
+
+type CudaModel = Decoder<CudaBackend>;
 use std::time::Instant;
 
 const BLOCK_SIZE: usize = 16;
@@ -57,14 +61,16 @@ fn main() -> anyhow::Result<()> {
     let layers = args.iter().position(|a| a == "--layers").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(32);
     let config = llama_8b(layers);
     let started = Instant::now();
-    let mut model = CudaModel::random(config.clone(), 7, 0, KvSize::MemoryFraction(0.9), BLOCK_SIZE)?;
+    let backend = CudaBackend::open(0, &config, CudaSwitches::default())?;
+    let weights = LlamaWeights::random(&backend, config.clone(), 7)?;
+    let mut model = Decoder::with_backend(weights, backend, KvSize::MemoryFraction(0.9), BLOCK_SIZE)?;
     println!(
         "device {}; Llama-3.1-8B shapes, {layers} layers, {:.2} GB bf16 weights, {} KV blocks; loaded in {:.0} s\nlinear layers: {}",
-        model.device_name(),
+        model.backend().device_name(),
         model.weight_bytes() as f64 / 1e9,
-        model.num_blocks(),
+        model.kv_geometry().num_blocks,
         started.elapsed().as_secs_f64(),
-        model.gemm_backend()
+        model.backend().gemm_backend()
     );
     decode(&mut model)?;
     for tokens in [512, 4096] {
@@ -84,13 +90,13 @@ fn tables(seqs: usize, len: usize) -> Vec<Vec<u32>> {
 /// host instead (the host sampler's input; its own time not counted).
 fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
     for (graphs, on_device) in [(true, true), (false, true), (true, false)] {
-        model.set_cuda_graphs(graphs);
+        model.backend_mut().set_cuda_graphs(graphs);
         model.set_device_sampling(on_device);
         let sampling = if on_device { "sampled on the GPU" } else { "logits copied to the host" };
         println!("decode, {}, {sampling}:", if graphs { "CUDA graphs" } else { "no graphs" });
         decode_batches(model)?;
     }
-    model.set_cuda_graphs(true);
+    model.backend_mut().set_cuda_graphs(true);
     model.set_device_sampling(true);
     Ok(())
 }
@@ -99,7 +105,7 @@ fn decode_batches(model: &mut CudaModel) -> anyhow::Result<()> {
     const CONTEXT: usize = 512;
     let weight_bytes = model.streamed_weight_bytes() as f64;
     for batch in [1usize, 8, 32, 64, 128, 256] {
-        if batch * (CONTEXT + 16).div_ceil(BLOCK_SIZE) > model.num_blocks() {
+        if batch * (CONTEXT + 16).div_ceil(BLOCK_SIZE) > model.kv_geometry().num_blocks {
             println!("decode batch {batch}: skipped, the KV cache is too small");
             continue;
         }
@@ -132,7 +138,7 @@ fn greedy() -> Option<SeqSampling> {
 fn prefill(model: &mut CudaModel, tokens: usize) -> anyhow::Result<()> {
     let table = tables(1, tokens).remove(0);
     let vocab_row = (model.config().vocab_size * model.config().hidden_size) as f64;
-    let flops_per_token = 2.0 * model.layer_params() as f64 + 2.0 * vocab_row / tokens as f64;
+    let flops_per_token = model.layer_weight_bytes() as f64 + 2.0 * vocab_row / tokens as f64;
     let mut times = Vec::new();
     for _ in 0..3 {
         let seqs = vec![SeqInput { tokens: vec![3; tokens], start_pos: 0, block_table: table.clone(), logits: LogitsRequest::Last, sampling: None }];

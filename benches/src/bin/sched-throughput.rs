@@ -5,54 +5,56 @@
 //! `cargo run --release -p spindle-benches --bin sched-throughput -- [levels] [requests-per-level] [output-len] [--device auto|cpu|cuda[:N]]`
 //!
 //! `--device` (default `auto`: the first GPU when built with `--features
-//! cuda` and one is present, else the CPU) picks the backend; the first
-//! line printed says which.
+//! cuda` and one is present, else the CPU) picks the backend through
+//! `spindle_engine::open`; the first line printed says which.
 //!
 //! `SPINDLE_BENCH_GRAMMAR=tools-auto` (five tools, `tool_choice: auto`: free
 //! text under the tool grammar) or `=json` (an unbounded JSON array of
 //! strings) decodes every request under that grammar, to measure constrained
 //! decoding's cost on the same load.
 
-use spindle_engine::load::load_model;
-use spindle_engine::runner::ModelRunner;
+use spindle_engine::load::chat_prompt;
 use spindle_engine::sampling::SamplingParams;
+use spindle_engine::{Device, EngineOptions};
 use spindle_scheduler::output::StopConditions;
 use spindle_scheduler::{GenerationEvent, GenerationRequest, SchedulerConfig, SchedulerHandle};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
     let mut args: Vec<String> = std::env::args().collect();
-    let device = match args.iter().position(|a| a == "--device") {
+    let device: Device = match args.iter().position(|a| a == "--device") {
         Some(i) if i + 1 < args.len() => {
             let d = args.remove(i + 1);
             args.remove(i);
-            d
+            d.parse().map_err(anyhow::Error::msg)?
         }
         Some(_) => anyhow::bail!("--device needs a value: auto, cpu, cuda or cuda:N"),
-        None => "auto".to_string(),
+        None => Device::Auto,
     };
     let levels: Vec<usize> =
         args.get(1).map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or(vec![1, 4, 16, 64]);
     let per_level: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
     let output_len: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(64);
     let model = spindle_benches::smollm2_path().ok_or_else(|| anyhow::anyhow!("SmolLM2 not installed"))?;
-    let m = load_model(&model.to_string_lossy(), &mut |_, _| {})?;
+    // The CPU's pool is 2048 blocks; a GPU's is what 90% of its memory leaves.
+    let device = spindle_engine::open::resolve_device(device)?;
+    let options = EngineOptions { kv_blocks: (device == Device::Cpu).then_some(2048), ..EngineOptions::default() };
+    let opened = spindle_engine::open(&model.to_string_lossy(), device, &options, &mut |_, _| {})?;
+    let m = &opened.meta;
+    println!("device: {}", opened.executor.info().device);
     let prompts: Vec<Vec<u32>> = (0..per_level * levels.len())
-        .map(|i| m.chat_prompt(&format!("Request {i}: write a short story about a lighthouse keeper.")))
+        .map(|i| chat_prompt(&m.template, &m.tokenizer, &format!("Request {i}: write a short story about a lighthouse keeper.")))
         .collect::<Result<_, _>>()?;
     if let Some(path) = std::env::var_os("SPINDLE_DUMP_PROMPTS") {
         // The same prompts, as token ids, for driving another server side by side.
         std::fs::write(path, serde_json::to_string(&prompts)?)?;
     }
-    let model_config = m.model.config().clone();
-    let (runner, blocks) = backend(&device, &model.to_string_lossy(), m.model)?;
-    let on_gpu = !matches!(runner, Backend::Cpu(_));
+    let model_config = m.config.clone();
+    let on_gpu = opened.device != Device::Cpu;
     let config = SchedulerConfig {
-        num_blocks: blocks,
         // A GPU batches wider and prefills in larger chunks than the CPU.
         max_num_seqs: if on_gpu { 256 } else { 64 },
         max_num_batched_tokens: if on_gpu { 4096 } else { 512 },
-        context_length: model_config.context_length,
         ..SchedulerConfig::default()
     };
     let grammar = grammar_fields()?;
@@ -64,7 +66,7 @@ fn main() -> anyhow::Result<()> {
         (Some(c), Some(fields)) => spindle_benches::request_constraint(c, fields),
         _ => None,
     };
-    let handle = runner.spawn(config, m.tokenizer);
+    let handle = SchedulerHandle::spawn(config, opened.executor, m.tokenizer.clone());
     println!("| concurrency | requests | output tok/s | mean tok/s per stream | wall s |");
     println!("| --- | --- | --- | --- | --- |");
     for (li, &c) in levels.iter().enumerate() {
@@ -94,64 +96,6 @@ fn main() -> anyhow::Result<()> {
         println!("| {c} | {per_level} | {:.1} | {per_stream:.1} | {wall:.1} |", tokens as f64 / wall);
     }
     Ok(())
-}
-
-/// The backend a run uses, not yet started.
-enum Backend {
-    Cpu(ModelRunner),
-    #[cfg(feature = "cuda")]
-    Cuda(spindle_engine::cuda::CudaRunner),
-}
-
-impl Backend {
-    fn spawn(self, config: SchedulerConfig, tokenizer: spindle_engine::tokenizer::Tokenizer) -> SchedulerHandle {
-        match self {
-            Self::Cpu(r) => SchedulerHandle::spawn(config, r, tokenizer),
-            #[cfg(feature = "cuda")]
-            Self::Cuda(r) => SchedulerHandle::spawn(config, r, tokenizer),
-        }
-    }
-}
-
-/// The runner for `device` and its KV blocks; says which on stdout.
-fn backend(device: &str, path: &str, cpu_model: spindle_engine::model::LlamaModel) -> anyhow::Result<(Backend, usize)> {
-    let ordinal = match device {
-        "cpu" => None,
-        "auto" => cuda_present().then_some(0),
-        "cuda" => Some(0),
-        other => Some(other.strip_prefix("cuda:").and_then(|n| n.parse().ok()).ok_or_else(|| anyhow::anyhow!("--device {other}: use auto, cpu, cuda or cuda:N"))?),
-    };
-    match ordinal {
-        None => {
-            println!("device: cpu ({} threads)", std::thread::available_parallelism().map_or(1, usize::from));
-            Ok((Backend::Cpu(ModelRunner::new(cpu_model, 2048, 16)), 2048))
-        }
-        Some(n) => cuda_backend(n, path),
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_present() -> bool {
-    spindle_engine::cuda::device_count() > 0
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_present() -> bool {
-    false
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_backend(ordinal: usize, path: &str) -> anyhow::Result<(Backend, usize)> {
-    use spindle_engine::cuda::{CudaModel, CudaRunner, KvSize};
-    let model = CudaModel::open(path, ordinal, KvSize::MemoryFraction(0.9), 16)?;
-    println!("device: cuda:{ordinal} ({}); linear layers: {}", model.device_name(), model.gemm_backend());
-    let blocks = model.num_blocks();
-    Ok((Backend::Cuda(CudaRunner::new(model)), blocks))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_backend(_: usize, _: &str) -> anyhow::Result<(Backend, usize)> {
-    anyhow::bail!("this sched-throughput was built without the CUDA backend (build with --features cuda)")
 }
 
 /// The request fields of `SPINDLE_BENCH_GRAMMAR` (see the module docs).

@@ -1,13 +1,15 @@
-//! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3).
+//! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3):
+//! its weights over any [`Backend`], loaded once from GGUF or HF names, and
+//! the one copy of its layer loop ([`LlamaWeights::pass`]).
 
-use super::attention::{paged_attention, HeadShape, SeqSpan};
-use super::linear::{matmul_many, tensor_to_f32, Linear, MatmulJob, MatmulPrecision};
-use super::ops::{add_in_place, rms_norm, rms_norm_into, silu_mul, Rope};
-use crate::batch::{ForwardBatch, LogitsRequest};
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, Workspace};
 use crate::config::{ArchFamily, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::kv::KvPool;
-use crate::weights::TensorSource;
+use crate::model::linear::tensor_to_f32;
+use crate::model::MatmulPrecision;
+use crate::gguf::types::GgmlType;
+use crate::weights::{TensorSource, TensorView};
 
 /// Which tensor-name scheme the weights use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,89 +69,254 @@ impl WeightNaming {
     }
 }
 
-#[derive(Debug)]
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
-    wo: Linear,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+/// One layer's weights on backend `B`.
+pub struct LlamaLayer<B: Backend> {
+    attn_norm: B::Vector,
+    wq: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    wo: B::Weight,
+    q_norm: Option<B::Vector>,
+    k_norm: Option<B::Vector>,
+    ffn_norm: B::Vector,
+    gate: B::Weight,
+    up: B::Weight,
+    down: B::Weight,
 }
 
-/// A loaded Llama-family model. Holds weights only: no per-request state.
-#[derive(Debug)]
-pub struct LlamaModel {
+/// A Llama-family model's weights on backend `B` (no per-request state).
+pub struct LlamaWeights<B: Backend> {
     config: ModelConfig,
-    embed: Linear,
-    layers: Vec<Layer>,
-    final_norm: Vec<f32>,
-    lm_head: Option<Linear>,
-    rope: Rope,
-    precision: MatmulPrecision,
+    embed: B::Weight,
+    layers: Vec<LlamaLayer<B>>,
+    final_norm: B::Vector,
+    lm_head: Option<B::Weight>,
 }
 
-struct Loader<'a> {
-    src: &'a dyn TensorSource,
+impl<B: Backend> std::fmt::Debug for LlamaWeights<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaWeights").field("config", &self.config).field("layers", &self.layers.len()).finish_non_exhaustive()
+    }
+}
+
+/// Where a loader's tensors come from: a file, or made up on the spot.
+trait Tensors {
+    /// Calls `f` with the tensor `name` (of `shape`, for made-up ones).
+    fn with(&self, name: &str, shape: &[usize], f: &mut dyn FnMut(&TensorView<'_>) -> Result<()>) -> Result<()>;
+    /// Whether a tensor called `name` exists.
+    fn contains(&self, name: &str) -> bool;
+}
+
+impl Tensors for &dyn TensorSource {
+    fn with(&self, name: &str, _shape: &[usize], f: &mut dyn FnMut(&TensorView<'_>) -> Result<()>) -> Result<()> {
+        f(&self.tensor(name)?)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        TensorSource::contains(*self, name)
+    }
+}
+
+/// Random weights for benchmarks of real architectures' shapes without a
+/// file: matrices uniform in ±1/√cols (the embedding ±1), norms 1, biases 0.
+struct RandomTensors {
+    state: std::cell::Cell<u64>,
+    tied: bool,
+}
+
+impl RandomTensors {
+    fn next(&self) -> f32 {
+        let mut x = self.state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.state.set(x);
+        (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+impl Tensors for RandomTensors {
+    fn with(&self, name: &str, shape: &[usize], f: &mut dyn FnMut(&TensorView<'_>) -> Result<()>) -> Result<()> {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = match shape {
+            _ if name.ends_with("bias") => vec![0.0; n],
+            [_] => vec![1.0; n],
+            _ if name.starts_with("token_embd") => (0..n).map(|_| self.next()).collect(),
+            [_, cols] => {
+                let scale = 1.0 / (*cols as f32).sqrt();
+                (0..n).map(|_| self.next() * scale).collect()
+            }
+            _ => return Err(EngineError::InvalidConfig(format!("{name}: no random weights of shape {shape:?}"))),
+        };
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        f(&TensorView { name: name.to_string(), dtype: GgmlType::F32, shape: shape.to_vec(), data: &bytes })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        !(self.tied && name == WeightNaming::Gguf.global("head"))
+    }
+}
+
+struct Loader<'a, B: Backend, T: Tensors> {
+    backend: &'a B,
+    src: T,
     naming: WeightNaming,
 }
 
-impl Loader<'_> {
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let t = self.src.tensor(name)?;
-        t.expect_shape(&[len])?;
-        tensor_to_f32(&t)
+impl<B: Backend, T: Tensors> Loader<'_, B, T> {
+    fn values(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.src.with(name, &[len], &mut |t| {
+            t.expect_shape(&[len])?;
+            out = tensor_to_f32(t)?;
+            Ok(())
+        })?;
+        Ok(out)
     }
 
-    fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
-        Linear::from_tensor(&self.src.tensor(name)?, rows, cols)
+    fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
+        self.backend.load_vector(self.values(name, len)?)
     }
 
-    fn layer(&self, i: usize, c: &ModelConfig) -> Result<Layer> {
+    fn linear(&self, name: &str, rows: usize, cols: usize, bias: Option<Vec<f32>>) -> Result<B::Weight> {
+        let mut bias = bias;
+        let mut out = None;
+        self.src.with(name, &[rows, cols], &mut |t| {
+            out = Some(self.backend.load_linear(t, rows, cols, bias.take())?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| EngineError::MissingTensor(name.to_string()))
+    }
+
+    fn layer(&self, i: usize, c: &ModelConfig) -> Result<LlamaLayer<B>> {
         let n = |p| self.naming.layer(i, p, "weight");
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let qk_norm = c.family == ArchFamily::Qwen3;
-        let mut wq = self.linear(&n(Part::Q), q, h)?;
-        let mut wk = self.linear(&n(Part::K), kv, h)?;
-        let mut wv = self.linear(&n(Part::V), kv, h)?;
-        if c.family == ArchFamily::Qwen2 {
-            let b = |p| self.naming.layer(i, p, "bias");
-            wq = wq.with_bias(self.vector(&b(Part::Q), q)?)?;
-            wk = wk.with_bias(self.vector(&b(Part::K), kv)?)?;
-            wv = wv.with_bias(self.vector(&b(Part::V), kv)?)?;
-        }
-        Ok(Layer {
+        let bias = |p: Part, len: usize| -> Result<Option<Vec<f32>>> {
+            if c.family == ArchFamily::Qwen2 {
+                Ok(Some(self.values(&self.naming.layer(i, p, "bias"), len)?))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(LlamaLayer {
             attn_norm: self.vector(&n(Part::AttnNorm), h)?,
-            wq,
-            wk,
-            wv,
-            wo: self.linear(&n(Part::O), h, q)?,
+            wq: self.linear(&n(Part::Q), q, h, bias(Part::Q, q)?)?,
+            wk: self.linear(&n(Part::K), kv, h, bias(Part::K, kv)?)?,
+            wv: self.linear(&n(Part::V), kv, h, bias(Part::V, kv)?)?,
+            wo: self.linear(&n(Part::O), h, q, None)?,
             q_norm: if qk_norm { Some(self.vector(&n(Part::QNorm), c.head_dim)?) } else { None },
             k_norm: if qk_norm { Some(self.vector(&n(Part::KNorm), c.head_dim)?) } else { None },
             ffn_norm: self.vector(&n(Part::FfnNorm), h)?,
-            gate: self.linear(&n(Part::Gate), ff, h)?,
-            up: self.linear(&n(Part::Up), ff, h)?,
-            down: self.linear(&n(Part::Down), h, ff)?,
+            gate: self.linear(&n(Part::Gate), ff, h, None)?,
+            up: self.linear(&n(Part::Up), ff, h, None)?,
+            down: self.linear(&n(Part::Down), h, ff, None)?,
         })
     }
 }
 
-/// Per-forward scratch buffers, `[tokens, width]` each.
-struct Scratch {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
+impl<B: Backend> LlamaWeights<B> {
+    /// Loads every weight `config` calls for from `src` onto `backend`,
+    /// calling `progress(done, total)` after each layer.
+    pub fn load(backend: &B, config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+        Self::load_from(Loader { backend, src, naming }, config, progress)
+    }
+
+    /// Random weights of `config`'s shapes from `seed` (see
+    /// [`RandomTensors`]), made one tensor at a time: for benchmarks of
+    /// real architectures without a file.
+    pub fn random(backend: &B, config: ModelConfig, seed: u64) -> Result<Self> {
+        let src = RandomTensors { state: std::cell::Cell::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1), tied: config.tie_word_embeddings };
+        Self::load_from(Loader { backend, src, naming: WeightNaming::Gguf }, config, &mut |_, _| {})
+    }
+
+    fn load_from<T: Tensors>(loader: Loader<'_, B, T>, config: ModelConfig, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+        let naming = loader.naming;
+        let embed = loader.linear(naming.global("embed"), config.vocab_size, config.hidden_size, None)?;
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            layers.push(loader.layer(i, &config)?);
+            progress(i + 1, config.num_layers);
+        }
+        let head_name = naming.global("head");
+        let lm_head = if loader.src.contains(head_name) {
+            Some(loader.linear(head_name, config.vocab_size, config.hidden_size, None)?)
+        } else if config.tie_word_embeddings || naming == WeightNaming::Gguf {
+            None
+        } else {
+            return Err(EngineError::MissingTensor(head_name.to_string()));
+        };
+        Ok(Self { final_norm: loader.vector(naming.global("norm"), config.hidden_size)?, config, embed, layers, lm_head })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Bytes of the matrices on the device (embedding and head included).
+    pub fn weight_bytes(&self, b: &B) -> usize {
+        self.layer_bytes(b) + b.weight_bytes(&self.embed) + self.lm_head.as_ref().map_or(0, |h| b.weight_bytes(h))
+    }
+
+    /// Bytes of the layers' matrices (what every token multiplies through).
+    pub fn layer_bytes(&self, b: &B) -> usize {
+        self.layers
+            .iter()
+            .map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down].iter().map(|w| b.weight_bytes(w)).sum::<usize>())
+            .sum()
+    }
+
+    /// Bytes a decode step streams: the layers and the output head.
+    pub fn streamed_bytes(&self, b: &B) -> usize {
+        self.layer_bytes(b) + b.weight_bytes(self.lm_head.as_ref().unwrap_or(&self.embed))
+    }
+
+    /// The one layer loop: the step's `rows` rows from their embeddings
+    /// through every layer and the final norm, then the wanted rows'
+    /// logits into `ws.logits`. Writes the rows' keys and values into the
+    /// backend's cache. Allocates nothing.
+    pub fn pass(&self, b: &mut B, ws: &mut Workspace<B>, step: &B::Step, rows: usize) -> Result<()> {
+        let c = &self.config;
+        let (t, h, eps) = (rows, c.hidden_size, c.rms_norm_eps);
+        b.embed(&mut ws.x, &self.embed, step, t)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            // The residual add of the previous block is fused into this norm.
+            if li == 0 {
+                b.add_rms_norm(&mut ws.hn, None, &ws.x, &layer.attn_norm, t, h, eps)?;
+            } else {
+                b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), &ws.o, &layer.attn_norm, t, h, eps)?;
+            }
+            b.linear_many(&ws.hn, t, &mut [(&layer.wq, &mut ws.q), (&layer.wk, &mut ws.k), (&layer.wv, &mut ws.v)])?;
+            let (q, k) = match (&layer.q_norm, &layer.k_norm) {
+                (Some(qn), Some(kn)) => {
+                    b.add_rms_norm(&mut ws.q_normed, None, &ws.q, qn, t * c.num_heads, c.head_dim, eps)?;
+                    b.add_rms_norm(&mut ws.k_normed, None, &ws.k, kn, t * c.num_kv_heads, c.head_dim, eps)?;
+                    (&mut ws.q_normed, &mut ws.k_normed)
+                }
+                _ => (&mut ws.q, &mut ws.k),
+            };
+            b.rope(q, step, t, c.num_heads)?;
+            b.rope(k, step, t, c.num_kv_heads)?;
+            b.kv_write(li, k, &ws.v, step, t)?;
+            b.attention(li, &mut ws.attn, q, step, t)?;
+            b.linear(&mut ws.o, &ws.attn, &layer.wo, t)?;
+            b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), &ws.o, &layer.ffn_norm, t, h, eps)?;
+            b.linear_many(&ws.hn, t, &mut [(&layer.gate, &mut ws.gate), (&layer.up, &mut ws.up)])?;
+            b.silu_mul(&mut ws.act, &ws.gate, &ws.up, t, c.intermediate_size)?;
+            b.linear(&mut ws.o, &ws.act, &layer.down, t)?;
+        }
+        b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), &ws.o, &self.final_norm, t, h, eps)?;
+        b.logits(&mut ws.logits, &mut ws.picked, &ws.hn, self.lm_head.as_ref().unwrap_or(&self.embed), step)
+    }
+}
+
+/// A Llama-family model loaded for the CPU (weights only; a
+/// [`crate::runner::ModelRunner`] adds the KV pool and runs it).
+#[derive(Debug)]
+pub struct LlamaModel {
+    weights: LlamaWeights<CpuBackend>,
+    precision: MatmulPrecision,
 }
 
 impl LlamaModel {
@@ -159,41 +326,14 @@ impl LlamaModel {
     }
 
     /// As [`LlamaModel::load`], calling `progress(done, total)` after each layer.
-    pub fn load_with_progress(
-        config: ModelConfig,
-        src: &dyn TensorSource,
-        naming: WeightNaming,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Self> {
-        let loader = Loader { src, naming };
-        let embed = loader.linear(naming.global("embed"), config.vocab_size, config.hidden_size)?;
-        let mut layers = Vec::with_capacity(config.num_layers);
-        for i in 0..config.num_layers {
-            layers.push(loader.layer(i, &config)?);
-            progress(i + 1, config.num_layers);
-        }
-        let head_name = naming.global("head");
-        let lm_head = if src.contains(head_name) {
-            Some(loader.linear(head_name, config.vocab_size, config.hidden_size)?)
-        } else if config.tie_word_embeddings || naming == WeightNaming::Gguf {
-            None
-        } else {
-            return Err(EngineError::MissingTensor(head_name.to_string()));
-        };
-        Ok(Self {
-            final_norm: loader.vector(naming.global("norm"), config.hidden_size)?,
-            rope: Rope::new(&config),
-            config,
-            embed,
-            layers,
-            lm_head,
-            precision: MatmulPrecision::Fast,
-        })
+    pub fn load_with_progress(config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+        let weights = LlamaWeights::load(&CpuBackend::default(), config, src, naming, progress)?;
+        Ok(Self { weights, precision: MatmulPrecision::Fast })
     }
 
     /// The model's hyper-parameters.
     pub fn config(&self) -> &ModelConfig {
-        &self.config
+        self.weights.config()
     }
 
     /// Choose fast (8-bit activations) or exact (f32) quantized matmuls.
@@ -203,154 +343,11 @@ impl LlamaModel {
 
     /// Bytes held by the weights.
     pub fn weight_bytes(&self) -> usize {
-        let l: usize = self
-            .layers
-            .iter()
-            .map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down].iter().map(|w| w.weight_bytes()).sum::<usize>())
-            .sum();
-        l + self.embed.weight_bytes() + self.lm_head.as_ref().map_or(0, Linear::weight_bytes)
+        self.weights.weight_bytes(&CpuBackend::default())
     }
 
-    /// Run the batch; returns, per sequence, the requested logits (flattened).
-    pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Vec<Vec<f32>>> {
-        let spans = self.plan(batch, kv)?;
-        let c = &self.config;
-        let total = batch.num_tokens();
-        let positions: Vec<usize> =
-            batch.seqs.iter().flat_map(|s| (0..s.tokens.len()).map(move |i| s.start_pos + i)).collect();
-        let angles = self.rope.angles(&positions);
-        let mut s = Scratch::new(c, total);
-        for (t, tok) in batch.seqs.iter().flat_map(|s| s.tokens.iter()).enumerate() {
-            self.embed.row_f32(*tok as usize, &mut s.x[t * c.hidden_size..(t + 1) * c.hidden_size])?;
-        }
-        for (li, layer) in self.layers.iter().enumerate() {
-            self.attention_block(li, layer, &mut s, total, &spans, &angles, kv)?;
-            self.mlp_block(layer, &mut s, total)?;
-        }
-        self.logits(batch, &spans, &s.x)
-    }
-
-    fn plan(&self, batch: &ForwardBatch, kv: &KvPool) -> Result<Vec<SeqSpan>> {
-        let mut offset = 0;
-        let mut spans = Vec::with_capacity(batch.seqs.len());
-        for (i, seq) in batch.seqs.iter().enumerate() {
-            if seq.tokens.is_empty() {
-                return Err(EngineError::InvalidBatch(format!("sequence {i} has no new tokens")));
-            }
-            let end = seq.start_pos + seq.tokens.len();
-            if end > self.config.context_length {
-                return Err(EngineError::ContextLengthExceeded { len: end, max: self.config.context_length });
-            }
-            if let Some(bad) = seq.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-                return Err(EngineError::InvalidBatch(format!("token id {bad} is outside the vocabulary")));
-            }
-            let key_slots = (0..end).map(|p| kv.slot(&seq.block_table, p)).collect::<Result<Vec<_>>>()?;
-            spans.push(SeqSpan { token_offset: offset, len: seq.tokens.len(), start_pos: seq.start_pos, key_slots });
-            offset += seq.tokens.len();
-        }
-        Ok(spans)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn attention_block(
-        &self,
-        li: usize,
-        layer: &Layer,
-        s: &mut Scratch,
-        n: usize,
-        spans: &[SeqSpan],
-        angles: &super::ops::RopeAngles,
-        kv: &mut KvPool,
-    ) -> Result<()> {
-        let c = &self.config;
-        let p = self.precision;
-        rms_norm_into(&s.x, &layer.attn_norm, c.rms_norm_eps, &mut s.h);
-        let mut qkv = [
-            MatmulJob { layer: &layer.wq, out: &mut s.q },
-            MatmulJob { layer: &layer.wk, out: &mut s.k },
-            MatmulJob { layer: &layer.wv, out: &mut s.v },
-        ];
-        matmul_many(&mut qkv, &s.h, n, p)?;
-        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-            rms_norm(&mut s.q, qn, c.rms_norm_eps);
-            rms_norm(&mut s.k, kn, c.rms_norm_eps);
-        }
-        self.rope.apply(&mut s.q, angles, c.num_heads);
-        self.rope.apply(&mut s.k, angles, c.num_kv_heads);
-        let d = c.kv_dim();
-        for span in spans {
-            for i in 0..span.len {
-                let t = span.token_offset + i;
-                let slot = span.key_slots[span.start_pos + i];
-                kv.write(li, slot, &s.k[t * d..(t + 1) * d], &s.v[t * d..(t + 1) * d]);
-            }
-        }
-        let shape = HeadShape { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim };
-        paged_attention(&s.q, &mut s.attn, kv, li, spans, shape);
-        layer.wo.forward(&s.attn, n, &mut s.o, p)?;
-        add_in_place(&mut s.x, &s.o);
-        Ok(())
-    }
-
-    fn mlp_block(&self, layer: &Layer, s: &mut Scratch, n: usize) -> Result<()> {
-        let p = self.precision;
-        rms_norm_into(&s.x, &layer.ffn_norm, self.config.rms_norm_eps, &mut s.h);
-        let mut gate_up =
-            [MatmulJob { layer: &layer.gate, out: &mut s.gate }, MatmulJob { layer: &layer.up, out: &mut s.up }];
-        matmul_many(&mut gate_up, &s.h, n, p)?;
-        silu_mul(&mut s.gate, &s.up);
-        layer.down.forward(&s.gate, n, &mut s.o, p)?;
-        add_in_place(&mut s.x, &s.o);
-        Ok(())
-    }
-
-    fn logits(&self, batch: &ForwardBatch, spans: &[SeqSpan], x: &[f32]) -> Result<Vec<Vec<f32>>> {
-        let h = self.config.hidden_size;
-        let vocab = self.config.vocab_size;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let ranges: Vec<std::ops::Range<usize>> = batch
-            .seqs
-            .iter()
-            .zip(spans)
-            .map(|(seq, span)| match seq.logits {
-                LogitsRequest::None if seq.sampling.is_none() => 0..0,
-                LogitsRequest::All => 0..span.len,
-                _ => span.len - 1..span.len,
-            })
-            .collect();
-        let mut hidden = Vec::new();
-        for (r, span) in ranges.iter().zip(spans) {
-            hidden.extend_from_slice(&x[(span.token_offset + r.start) * h..(span.token_offset + r.end) * h]);
-        }
-        rms_norm(&mut hidden, &self.final_norm, self.config.rms_norm_eps);
-        let rows = hidden.len() / h;
-        let mut logits = vec![0f32; rows * vocab];
-        if rows > 0 {
-            head.forward(&hidden, rows, &mut logits, self.precision)?;
-        }
-        let mut out = Vec::with_capacity(spans.len());
-        let mut at = 0;
-        for r in &ranges {
-            out.push(logits[at * vocab..(at + r.len()) * vocab].to_vec());
-            at += r.len();
-        }
-        Ok(out)
-    }
-}
-
-impl Scratch {
-    fn new(c: &ModelConfig, n: usize) -> Self {
-        let z = |w: usize| vec![0f32; n * w];
-        Self {
-            x: z(c.hidden_size),
-            h: z(c.hidden_size),
-            q: z(c.q_dim()),
-            k: z(c.kv_dim()),
-            v: z(c.kv_dim()),
-            attn: z(c.q_dim()),
-            o: z(c.hidden_size),
-            gate: z(c.intermediate_size),
-            up: z(c.intermediate_size),
-        }
+    /// The weights and the precision chosen.
+    pub fn into_parts(self) -> (LlamaWeights<CpuBackend>, MatmulPrecision) {
+        (self.weights, self.precision)
     }
 }

@@ -1,15 +1,17 @@
-//! Models built from shared layers. One file per architecture family; every
-//! family here is a Llama-style decoder, so one implementation with config
-//! switches (biases, q/k norm, RoPE style) covers Llama 2/3, SmolLM2, Mistral,
-//! Qwen2 and Qwen3.
+//! Models built from shared layers, generic over the [`crate::backend`].
+//! One file per architecture family; every family here is a Llama-style
+//! decoder, so one implementation with config switches (biases, q/k norm,
+//! RoPE style) covers Llama 2/3, SmolLM2, Mistral, Qwen2 and Qwen3, on
+//! every backend.
 
-pub mod attention;
+pub mod decoder;
 pub mod linear;
 pub mod llama;
 pub mod ops;
 
 pub use linear::{Linear, MatmulPrecision};
-pub use llama::{LlamaModel, WeightNaming};
+pub use decoder::{Decoder, ModelRunner};
+pub use llama::{LlamaModel, LlamaWeights, WeightNaming};
 
 /// A raw pointer that rayon tasks may share to write disjoint elements.
 #[derive(Clone, Copy)]

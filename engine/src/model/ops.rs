@@ -74,6 +74,11 @@ impl Rope {
         Self { inv_freq, style: config.rope_style }
     }
 
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.inv_freq.len() * 2
+    }
+
     /// Whether pairs are adjacent (llama.cpp's normal mode) rather than halves.
     pub fn interleaved(&self) -> bool {
         self.style == RopeStyle::Interleaved

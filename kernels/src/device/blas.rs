@@ -33,11 +33,11 @@ pub fn cublas_present() -> bool {
 const WORKSPACE_BYTES: usize = 32 << 20;
 
 impl Blas {
-    /// A handle on `stream`, or the reason there is none.
-    pub(crate) fn open(stream: &Arc<CudaStream>) -> Self {
+    /// A handle on `stream` (unless `enabled` is false), or the reason there is none.
+    pub(crate) fn open(stream: &Arc<CudaStream>, enabled: bool) -> Self {
         let off = |why: String| Self { handle: None, workspace: None, stream: stream.clone(), unavailable: Some(why) };
-        if std::env::var_os("SPINDLE_NO_CUBLAS").is_some() {
-            return off("turned off by SPINDLE_NO_CUBLAS".into());
+        if !enabled {
+            return off("turned off (--no-cublas)".into());
         }
         if !cublas_present() {
             return off("no libcublas.so (13, or an older major) on the library path".into());

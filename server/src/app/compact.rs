@@ -104,8 +104,7 @@ async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputI
         .render(&messages, None, true)
         .map_err(|e| ApiError::internal(format!("the chat template failed: {e}")))?;
     let prompt = state.model.tokenizer.encode(&text, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))?;
-    let cfg = state.scheduler.config();
-    let limit = state.model.context_length.min(cfg.num_blocks * cfg.block_size);
+    let limit = state.model.context_length.min(state.scheduler.limits().cache_tokens());
     if prompt.len() + SUMMARY_TOKENS > limit {
         return Err(ApiError::context_length_exceeded(prompt.len() + SUMMARY_TOKENS, limit));
     }

@@ -1,90 +1,35 @@
-//! GPU telemetry through NVML (feature `cuda`): the device's name, memory,
-//! utilisation, temperature and power, logged at start-up and exported on
-//! `/metrics` as `spindle_gpu_*` gauges. Installed by `serve` when the model
-//! runs on a GPU; NVML is loaded at run time (`libnvidia-ml.so.1`) and its
-//! absence is a logged warning, never a failure.
+//! Device telemetry on `/metrics` as `spindle_gpu_*` gauges. The engine's
+//! backend provides the readings (NVML on a GPU); `serve` installs its
+//! reader at start-up, and without one there are no gauges.
 
+use spindle_engine::runner::DeviceTelemetry;
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-/// One reading of the device.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuReading {
-    /// Device name.
-    pub name: String,
-    /// Memory in use, bytes.
-    pub memory_used: u64,
-    /// Memory on the device, bytes.
-    pub memory_total: u64,
-    /// Busy time of the last sample period, percent (when readable).
-    pub utilization: Option<u32>,
-    /// Core temperature, °C (when readable).
-    pub temperature: Option<u32>,
-    /// Board power, watts (when readable).
-    pub power_watts: Option<f64>,
-}
+pub use spindle_engine::runner::DeviceReading as GpuReading;
 
-#[cfg(feature = "cuda")]
-struct Telemetry {
-    nvml: nvml_wrapper::Nvml,
-    /// NVML's name for the device (CUDA's ordinals may be renumbered).
-    uuid: String,
-}
+static TELEMETRY: OnceLock<Arc<dyn DeviceTelemetry>> = OnceLock::new();
 
-#[cfg(feature = "cuda")]
-static TELEMETRY: OnceLock<Telemetry> = OnceLock::new();
-#[cfg(not(feature = "cuda"))]
-static TELEMETRY: OnceLock<()> = OnceLock::new();
-
-/// Starts reading the GPU with `uuid` (`GPU-…`; logs its first reading, or
-/// why it cannot).
-pub fn install(uuid: &str) {
-    #[cfg(feature = "cuda")]
-    match nvml_wrapper::Nvml::init() {
-        Ok(nvml) => {
-            let _ = TELEMETRY.set(Telemetry { nvml, uuid: uuid.to_string() });
-            match read() {
-                Some(r) => tracing::info!(
-                    "GPU {uuid}: {} — {:.1} of {:.1} GiB used, {:?}% busy, {:?} °C, {:?} W",
-                    r.name,
-                    r.memory_used as f64 / f64::from(1u32 << 30),
-                    r.memory_total as f64 / f64::from(1u32 << 30),
-                    r.utilization,
-                    r.temperature,
-                    r.power_watts
-                ),
-                None => tracing::warn!("NVML has no reading for GPU {uuid}"),
-            }
-        }
-        Err(e) => tracing::warn!("no GPU telemetry (NVML: {e})"),
+/// Starts reading the device through `telemetry` (logs its first reading).
+pub fn install(telemetry: Arc<dyn DeviceTelemetry>) {
+    match telemetry.read() {
+        Some(r) => tracing::info!(
+            "GPU {}: {:.1} of {:.1} GiB used, {:?}% busy, {:?} °C, {:?} W",
+            r.name,
+            r.memory_used as f64 / f64::from(1u32 << 30),
+            r.memory_total as f64 / f64::from(1u32 << 30),
+            r.utilization,
+            r.temperature,
+            r.power_watts
+        ),
+        None => tracing::warn!("the device telemetry has no reading"),
     }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (uuid, &TELEMETRY);
-    }
+    let _ = TELEMETRY.set(telemetry);
 }
 
 /// The device now, when telemetry is installed.
 pub fn read() -> Option<GpuReading> {
-    #[cfg(feature = "cuda")]
-    {
-        use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
-        let t = TELEMETRY.get()?;
-        let d = t.nvml.device_by_uuid(t.uuid.as_str()).ok()?;
-        let memory = d.memory_info().ok()?;
-        Some(GpuReading {
-            name: d.name().unwrap_or_default(),
-            memory_used: memory.used,
-            memory_total: memory.total,
-            utilization: d.utilization_rates().ok().map(|u| u.gpu),
-            temperature: d.temperature(TemperatureSensor::Gpu).ok(),
-            power_watts: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
-        })
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        None
-    }
+    TELEMETRY.get()?.read()
 }
 
 /// The `spindle_gpu_*` gauges for `reading` (Prometheus text); values NVML

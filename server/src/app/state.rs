@@ -49,6 +49,27 @@ impl ModelInfo {
         let think_tags = super::reasoning::ThinkTags::of(&tokenizer, &template);
         Self { name, tokenizer, template, context_length, created, grammar, call_format, think_tags, ledger: Default::default() }
     }
+
+    /// Whether the prompt ends inside a reasoning block (R1-style templates
+    /// end with `<think>` or `<think>\n`): an opening tag among the last few
+    /// tokens, after any closing one.
+    pub fn prompt_opens_thinking(&self, prompt: &[u32]) -> bool {
+        const TAIL: usize = 4;
+        let Some(tags) = self.think_tags else { return false };
+        let open = prompt.iter().rposition(|&t| t == tags.open);
+        let close = prompt.iter().rposition(|&t| t == tags.close);
+        match open {
+            Some(o) => prompt.len() - o <= TAIL && close.is_none_or(|c| c < o),
+            None => false,
+        }
+    }
+
+    /// The grammar a validated request implies for a prompt, compiled as the
+    /// server compiles it (`None` when nothing constrains it).
+    pub fn constraint_for(&self, req: &crate::protocol::ValidRequest, prompt: &[u32]) -> Result<Option<spindle_engine::grammar::SharedConstraint>, crate::protocol::ApiError> {
+        let think = self.think_tags.map(|t| (t, self.prompt_opens_thinking(prompt)));
+        super::constrain::constraint_after_thinking(self.grammar.as_ref(), self.call_format, req, think)
+    }
 }
 
 /// Sampling used when a request leaves a field out (the protocol sets no

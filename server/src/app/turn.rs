@@ -67,8 +67,7 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Res
     let input = open_compactions(state, &req.input, "input")?;
     // The prompt must fit the context window and, with room for one output
     // token, the KV pool.
-    let cfg = state.scheduler.config();
-    let limit = state.model.context_length.min(cfg.num_blocks * cfg.block_size);
+    let limit = state.model.context_length.min(state.scheduler.limits().cache_tokens());
     let mut skip = 0;
     loop {
         let items: Vec<InputItem> = parsed[skip..].iter().chain(input.iter()).cloned().collect();
@@ -167,12 +166,7 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<
         logprobs: s.top_logprobs.is_some(),
     };
     let max_tokens = req.max_output_tokens.map_or(state.limits.max_output_tokens, |m| m as usize);
-    let constraint = super::constrain::constraint_after_thinking(
-        state.model.grammar.as_ref(),
-        state.model.call_format,
-        req,
-        state.model.think_tags.map(|t| (t, prompt_opens_thinking(state, &prompt))),
-    )?;
+    let constraint = state.model.constraint_for(req, &prompt)?;
     let request = GenerationRequest {
         prompt,
         sampling,
@@ -191,14 +185,7 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<
 /// with `<think>` or `<think>\n`): an opening tag among the last few tokens,
 /// after any closing one.
 pub fn prompt_opens_thinking(state: &AppState, prompt: &[u32]) -> bool {
-    const TAIL: usize = 4;
-    let Some(tags) = state.model.think_tags else { return false };
-    let open = prompt.iter().rposition(|&t| t == tags.open);
-    let close = prompt.iter().rposition(|&t| t == tags.close);
-    match open {
-        Some(o) => prompt.len() - o <= TAIL && close.is_none_or(|c| c < o),
-        None => false,
-    }
+    state.model.prompt_opens_thinking(prompt)
 }
 
 fn submit_error(e: SubmitError) -> ApiError {

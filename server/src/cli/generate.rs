@@ -1,36 +1,23 @@
-//! `spindle generate`: one prompt, streamed to stdout, speeds to stderr.
+//! `spindle generate`: one prompt through the same scheduler, sampler, stop
+//! rules and grammar compiler as the server, streamed to stdout; speeds to
+//! stderr.
 
+use crate::cli::engine::EngineArgs;
 use anyhow::Context;
-use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
-use spindle_engine::generate::{generate, GenerateRequest};
-use spindle_engine::kv::BlockAllocator;
-use spindle_engine::load::{load_model, LoadedModel};
-use spindle_engine::model::MatmulPrecision;
-use spindle_engine::models::DEFAULT_MODEL;
-use spindle_engine::runner::{Executor, ModelRunner};
-use crate::cli::device::{self, Device};
+use clap::Args;
 use spindle_engine::sampling::SamplingParams;
-use spindle_engine::tokenizer::IncrementalDecoder;
+use spindle_scheduler::output::StopConditions;
+use spindle_scheduler::{FinishReason, GenerationEvent, GenerationRequest, SchedulerConfig, SchedulerHandle};
+use spindle_server::app::ModelInfo;
 use std::io::Write;
-
-const BLOCK_SIZE: usize = 16;
-
-/// Matmul precision on the command line.
-#[derive(Clone, Copy, ValueEnum)]
-pub enum Precision {
-    /// 8-bit activations with integer SIMD kernels.
-    Fast,
-    /// f32 activations and dequantized weights (slow; for validation).
-    Exact,
-}
+use std::time::{Duration, Instant};
 
 /// Arguments of `spindle generate`.
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// Model name in the cache, or a path to a GGUF file or HF directory.
-    #[arg(long, env = "SPINDLE_MODEL", default_value = DEFAULT_MODEL)]
-    model: String,
+    /// Where and how the model runs.
+    #[command(flatten)]
+    engine: EngineArgs,
     /// The prompt (a user message, unless --raw).
     #[arg(long)]
     prompt: String,
@@ -52,141 +39,97 @@ pub struct GenerateArgs {
     /// Use the prompt as-is, without the chat template.
     #[arg(long)]
     raw: bool,
-    /// Matmul precision.
-    #[arg(long, value_enum, default_value = "fast")]
-    precision: Precision,
-    /// Worker threads (default: all cores).
-    #[arg(long, env = "SPINDLE_THREADS")]
-    threads: Option<usize>,
-    /// Where the model runs: auto (a GPU when there is one), cpu, cuda or cuda:N.
-    #[arg(long, env = "SPINDLE_DEVICE", default_value = "auto")]
-    device: Device,
+    /// End the output before this string (repeatable); the string is not printed.
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// Constrain the output to this JSON Schema (inline JSON, or @path to a
+    /// file), compiled as the server compiles `text.format` `json_schema`.
+    #[arg(long)]
+    json_schema: Option<String>,
 }
 
-/// A backend ready to generate, with what turns text into tokens and back.
-struct Ready {
-    runner: Box<dyn Executor>,
-    blocks: usize,
-    tokenizer: spindle_engine::tokenizer::Tokenizer,
-    prompt: Vec<u32>,
-    stop_tokens: Vec<u32>,
+/// What a generation did.
+struct Stats {
+    prompt_tokens: usize,
+    generated: usize,
+    prefill: Duration,
+    decode: Duration,
+    finish: FinishReason,
 }
 
 /// Load the model, generate, stream.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    super::init_threads(args.threads)?;
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        seed: args.seed,
-        ..SamplingParams::default()
-    };
+    super::init_threads(args.engine.threads)?;
+    let sampling = SamplingParams { temperature: args.temperature, top_p: args.top_p, top_k: args.top_k, seed: args.seed, ..SamplingParams::default() };
     sampling.validate()?;
-    let device = match (device::resolve(args.device)?, args.precision) {
-        (Device::Cuda(_), Precision::Exact) if args.device == Device::Auto => {
-            tracing::info!("--precision exact is a CPU mode; using the CPU");
-            Device::Cpu
-        }
-        (Device::Cuda(_), Precision::Exact) => anyhow::bail!("--precision exact is a CPU mode (the GPU runs bf16)"),
-        (d, _) => d,
+    let schema = args.json_schema.as_deref().map(read_schema).transpose()?;
+    let spindle_engine::OpenedModel { executor, meta, .. } = args.engine.open(None)?;
+    let prompt = if args.raw {
+        meta.tokenizer.encode(&args.prompt, true)?
+    } else {
+        spindle_engine::load::chat_prompt(&meta.template, &meta.tokenizer, &args.prompt)?
     };
-    let Ready { mut runner, blocks, tokenizer, prompt, stop_tokens } = match device {
-        Device::Cuda(ordinal) => {
-            // Errors of the model itself are not the GPU's: no fallback for them.
-            let meta = spindle_engine::load::load_meta(&args.model)?;
-            match ready_on_gpu(&args, ordinal, meta) {
-                Ok(ready) => ready,
-                Err(e) if args.device == Device::Auto => {
-                    tracing::warn!("device auto: the GPU cannot run this model ({e}); using the CPU");
-                    ready_on_cpu(&args)?
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        _ => ready_on_cpu(&args)?,
+    let info = ModelInfo::new(meta.location.name, meta.tokenizer, meta.template, meta.config.context_length, meta.config.vocab_size, 0);
+    let constraint = match schema {
+        Some(schema) => schema_constraint(&info, schema, &prompt)?,
+        None => None,
     };
-    let mut alloc = BlockAllocator::new(blocks);
-    let req = GenerateRequest { prompt, max_tokens: args.max_tokens, sampling, stop_tokens, prefill_chunk: 512 };
-    let mut decoder = IncrementalDecoder::new(tokenizer, true);
+    let stop = StopConditions { stop_token_ids: info.tokenizer.eos_ids().to_vec(), stop_strings: args.stop.clone(), max_tokens: args.max_tokens, ..StopConditions::default() };
+    let request = GenerationRequest { prompt, sampling, stop, cache_salt: None, constraint };
+    let config = SchedulerConfig { max_num_seqs: 1, ..SchedulerConfig::default() };
+    let scheduler = SchedulerHandle::spawn(config, executor, info.tokenizer.clone());
     let mut stdout = std::io::stdout().lock();
-    let mut failure = None;
-    let stats = generate(runner.as_mut(), &mut alloc, &req, &mut |t| match decoder.push(t.token) {
-        Ok(text) => stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_ok(),
-        Err(e) => {
-            failure = Some(e);
-            false
-        }
-    })?;
-    if let Some(e) = failure {
-        return Err(e.into());
-    }
-    writeln!(stdout, "{}", decoder.finish()?)?;
-    let rate = |n: usize, d: std::time::Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    let stats = stream(&scheduler, request, &mut |text| stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()))?;
+    writeln!(stdout)?;
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     eprintln!(
         "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | finish: {:?}",
         stats.prompt_tokens,
-        rate(stats.prompt_tokens, stats.prefill_time),
-        stats.generated_tokens,
-        rate(stats.generated_tokens.saturating_sub(1), stats.decode_time),
+        rate(stats.prompt_tokens, stats.prefill),
+        stats.generated,
+        rate(stats.generated.saturating_sub(1), stats.decode),
         stats.finish
     );
     Ok(())
 }
 
-/// The prompt's ids: the chat template around a user message, or `--raw`.
-fn prompt_ids(args: &GenerateArgs, template: &spindle_engine::chat_template::ChatTemplate, tokenizer: &spindle_engine::tokenizer::Tokenizer) -> anyhow::Result<Vec<u32>> {
-    if args.raw {
-        return Ok(tokenizer.encode(&args.prompt, true)?);
+/// `--json-schema`'s value: inline JSON, or `@path`.
+fn read_schema(arg: &str) -> anyhow::Result<serde_json::Value> {
+    let text = match arg.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading --json-schema {path}"))?,
+        None => arg.to_string(),
+    };
+    serde_json::from_str(&text).context("--json-schema is not JSON")
+}
+
+/// The grammar the server would compile for a request whose `text.format`
+/// is this JSON Schema (strict).
+fn schema_constraint(info: &ModelInfo, schema: serde_json::Value, prompt: &[u32]) -> anyhow::Result<Option<spindle_engine::grammar::SharedConstraint>> {
+    let body = serde_json::json!({"input": "-", "text": {"format": {"type": "json_schema", "name": "output", "schema": schema, "strict": true}}});
+    let req = spindle_server::protocol::validate(body, &spindle_server::protocol::RequestLimits::default()).map_err(|e| anyhow::anyhow!("--json-schema: {}", e.message))?;
+    info.constraint_for(&req, prompt).map_err(|e| anyhow::anyhow!("--json-schema: {}", e.message))
+}
+
+/// Submits `request` and passes its text to `out` as it comes.
+fn stream(scheduler: &SchedulerHandle, request: GenerationRequest, out: &mut dyn FnMut(&str) -> std::io::Result<()>) -> anyhow::Result<Stats> {
+    let prompt_tokens = request.prompt.len();
+    let start = Instant::now();
+    let mut events = scheduler.submit(request)?;
+    let mut first_token = None;
+    while let Some(event) = events.blocking_recv() {
+        match event {
+            GenerationEvent::Started { .. } => {}
+            GenerationEvent::Delta { text, .. } => {
+                first_token.get_or_insert_with(Instant::now);
+                out(&text)?;
+            }
+            GenerationEvent::Finished { reason, text, usage } => {
+                out(&text)?;
+                let first = first_token.unwrap_or_else(Instant::now);
+                return Ok(Stats { prompt_tokens, generated: usage.output_tokens, prefill: first - start, decode: first.elapsed(), finish: reason });
+            }
+            GenerationEvent::Failed { message } => anyhow::bail!("generation failed: {message}"),
+        }
     }
-    Ok(spindle_engine::load::chat_prompt(template, tokenizer, &args.prompt)?)
-}
-
-/// KV blocks for the prompt and the new tokens (within the context).
-fn blocks_for(prompt: usize, max_tokens: usize, context: usize) -> usize {
-    (prompt + max_tokens).min(context).div_ceil(BLOCK_SIZE) + 1
-}
-
-fn ready_on_cpu(args: &GenerateArgs) -> anyhow::Result<Ready> {
-    let loaded = load_with_bar(&args.model)?;
-    let prompt = prompt_ids(args, &loaded.template, &loaded.tokenizer)?;
-    let LoadedModel { mut model, tokenizer, stop_tokens, .. } = loaded;
-    if let Precision::Exact = args.precision {
-        model.set_precision(MatmulPrecision::Exact);
-    }
-    let blocks = blocks_for(prompt.len(), args.max_tokens, model.config().context_length);
-    Ok(Ready { runner: Box::new(ModelRunner::new(model, blocks, BLOCK_SIZE)), blocks, tokenizer, prompt, stop_tokens })
-}
-
-#[cfg(feature = "cuda")]
-fn ready_on_gpu(args: &GenerateArgs, ordinal: usize, meta: spindle_engine::load::ModelMeta) -> anyhow::Result<Ready> {
-    use spindle_engine::cuda::{CudaModel, CudaRunner, KvSize};
-    let prompt = prompt_ids(args, &meta.template, &meta.tokenizer)?;
-    let blocks = blocks_for(prompt.len(), args.max_tokens, meta.config.context_length);
-    let model = CudaModel::open(&args.model, ordinal, KvSize::Blocks(blocks), BLOCK_SIZE)?;
-    eprintln!("{} on cuda:{ordinal} ({}); linear layers: {}", meta.location.name, model.device_name(), model.gemm_backend());
-    let stop_tokens = meta.tokenizer.eos_ids().to_vec();
-    Ok(Ready { runner: Box::new(CudaRunner::new(model)), blocks, tokenizer: meta.tokenizer, prompt, stop_tokens })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn ready_on_gpu(_args: &GenerateArgs, _ordinal: usize, _meta: spindle_engine::load::ModelMeta) -> anyhow::Result<Ready> {
-    anyhow::bail!("this spindle was built without the CUDA backend")
-}
-
-/// Load a model with a progress bar on stderr.
-pub fn load_with_bar(model: &str) -> anyhow::Result<LoadedModel> {
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
-            .context("progress template")?
-            .progress_chars("=> "),
-    );
-    bar.set_message(model.to_string());
-    let loaded = load_model(model, &mut |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    });
-    bar.finish_and_clear();
-    Ok(loaded?)
+    anyhow::bail!("the scheduler stopped before the generation finished")
 }

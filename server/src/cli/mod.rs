@@ -1,6 +1,6 @@
 //! Subcommands of the `spindle` binary.
 
-pub mod device;
+pub mod engine;
 pub mod generate;
 pub mod models;
 pub mod serve;

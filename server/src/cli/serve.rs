@@ -1,14 +1,10 @@
 //! `spindle serve`: load the model, start the scheduler, serve HTTP until
 //! SIGINT/SIGTERM, then drain.
 
-use crate::cli::device::{self, Device, Started};
-use crate::cli::generate::load_with_bar;
-use spindle_engine::config::ModelConfig;
+use crate::cli::engine::{self, EngineArgs, Started};
 use clap::Args;
-use spindle_engine::kv::KvPool;
-use spindle_engine::models::{cache_root, DEFAULT_MODEL};
-use spindle_engine::runner::ModelRunner;
-use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
+use spindle_engine::models::cache_root;
+use spindle_scheduler::SchedulerConfig;
 use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo, SamplingDefaults};
 use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig, TaskStore};
 use std::net::SocketAddr;
@@ -17,14 +13,12 @@ use axum::serve::ListenerExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-const BLOCK_SIZE: usize = 16;
-
 /// Arguments of `spindle serve`.
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Model name in the cache, or a path to a GGUF file or HF directory.
-    #[arg(long, env = "SPINDLE_MODEL", default_value = DEFAULT_MODEL)]
-    model: String,
+    /// Where and how the model runs.
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Address to bind.
     #[arg(long, env = "SPINDLE_HOST", default_value = "127.0.0.1")]
     host: String,
@@ -49,9 +43,6 @@ pub struct ServeArgs {
     /// How long an LMSP task's event history stays replayable after the task ends, in seconds.
     #[arg(long, default_value_t = 3600)]
     task_event_retention_s: u64,
-    /// Memory for the KV cache on the CPU, in MiB (on a GPU: --gpu-memory-utilization).
-    #[arg(long, env = "SPINDLE_KV_CACHE_MIB", default_value_t = 1024)]
-    kv_cache_memory_mib: usize,
     /// Most sequences per step.
     #[arg(long, default_value_t = 64)]
     max_num_seqs: usize,
@@ -73,20 +64,11 @@ pub struct ServeArgs {
     /// min_p when a request leaves it out (0 = off).
     #[arg(long, default_value_t = 0.05)]
     default_min_p: f64,
-    /// Worker threads (default: all cores).
-    #[arg(long, env = "SPINDLE_THREADS")]
-    threads: Option<usize>,
-    /// Where the model runs: auto (a GPU when there is one), cpu, cuda or cuda:N.
-    #[arg(long, env = "SPINDLE_DEVICE", default_value = "auto")]
-    device: Device,
-    /// Fraction of the GPU's memory for weights, activations and the KV cache (the rest of it goes to the KV cache).
-    #[arg(long, default_value_t = 0.9)]
-    gpu_memory_utilization: f64,
 }
 
 /// Run the daemon.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    super::init_threads(args.threads)?;
+    super::init_threads(args.engine.threads)?;
     let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse()?;
     let keys = ApiKeys::new(args.api_keys.clone());
     if !addr.ip().is_loopback() && !keys.enabled() && !args.allow_unauthenticated {
@@ -96,19 +78,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let key_path = store_path(&args).with_extension("compaction-key");
     let sealer = spindle_server::app::seal::Sealer::load_or_create(&key_path)?;
     let started = start_engine(&args)?;
+    if let Some(telemetry) = started.telemetry {
+        spindle_server::app::gpu_stats::install(telemetry);
+    }
+    let meta = started.meta;
     let state = Arc::new(AppState {
         sealer,
         idempotency: Default::default(),
         tasks: Default::default(),
         scheduler: started.scheduler,
-        model: ModelInfo::new(
-            started.name,
-            started.tokenizer,
-            started.template,
-            started.config.context_length,
-            started.config.vocab_size,
-            unix_now(),
-        ),
+        model: ModelInfo::new(meta.location.name, meta.tokenizer, meta.template, meta.config.context_length, meta.config.vocab_size, unix_now()),
         store,
         keys,
         limits: Limits {
@@ -131,37 +110,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 /// Loads the model on the chosen device and starts its scheduler.
 fn start_engine(args: &ServeArgs) -> anyhow::Result<Started> {
-    let sched = |num_blocks: usize, config: &ModelConfig, path: &std::path::Path| SchedulerConfig {
-        block_size: BLOCK_SIZE,
-        num_blocks,
+    let opened = args.engine.open(None)?;
+    let config = SchedulerConfig {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_waiting: args.max_waiting,
         enable_prefix_caching: true,
-        context_length: config.context_length,
-        model_salt: model_salt(path),
+        model_salt: model_salt(&opened.meta.location.path),
     };
-    if let Device::Cuda(ordinal) = device::resolve(args.device)? {
-        match device::start_cuda(&args.model, ordinal, args.gpu_memory_utilization, BLOCK_SIZE, sched) {
-            Ok(started) => return Ok(started),
-            Err(e) if args.device == Device::Auto => tracing::warn!("device auto: the GPU cannot serve this model ({e}); using the CPU"),
-            Err(e) => return Err(e),
-        }
-    }
-    let loaded = load_with_bar(&args.model)?;
-    let config = loaded.model.config().clone();
-    let num_blocks = KvPool::blocks_for_budget(args.kv_cache_memory_mib << 20, config.num_layers, BLOCK_SIZE, config.kv_dim());
-    tracing::info!(
-        "model {} ({:.0} MB weights) on cpu; KV cache {} blocks = {} tokens",
-        loaded.location.name,
-        loaded.model.weight_bytes() as f64 / 1e6,
-        num_blocks,
-        num_blocks * BLOCK_SIZE
-    );
-    let sched_config = sched(num_blocks, &config, &loaded.location.path);
-    let runner = ModelRunner::new(loaded.model, num_blocks, BLOCK_SIZE);
-    let scheduler = SchedulerHandle::spawn(sched_config, runner, loaded.tokenizer.clone());
-    Ok(Started { scheduler, name: loaded.location.name, tokenizer: loaded.tokenizer, template: loaded.template, config })
+    Ok(engine::start(opened, config))
 }
 
 /// How long in-flight responses may run after a shutdown signal before they

@@ -50,8 +50,8 @@ pub async fn start_model(
     wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
 ) -> Server {
     let m = load_model(path, &mut |_, _| {}).expect("model");
-    let config = SchedulerConfig { num_blocks: blocks, context_length: m.model.config().context_length, ..SchedulerConfig::default() };
-    let context_length = config.context_length;
+    let config = SchedulerConfig::default();
+    let context_length = m.model.config().context_length;
     let vocab_size = m.model.config().vocab_size;
     let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
     let dir = tempfile::tempdir().expect("tempdir");

@@ -5,19 +5,56 @@
 //! does not take, or too little shared memory), every token runs decode
 //! attention as its own row with its own causal length.
 
-use super::forward::Plan;
-use super::step::AttentionLaunch;
-use super::CudaModel;
+use super::CudaBackend;
+use crate::backend::StepLayout as Plan;
 use crate::error::Result;
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use spindle_kernels::device::{DecodeShape, Gpu, PrefillShape};
+use spindle_kernels::device::{DecodeScratch, DecodeShape, Gpu, PrefillShape};
+
+/// How a step attends: eager launches with their own index arrays, or a
+/// decode graph bucket's static ones.
+pub(crate) enum StepAttention {
+    /// An eager step's launches.
+    Eager(Attention),
+    /// A graph bucket's decode attention.
+    Graph(GraphAttention),
+}
 
 /// One step's attention launches, their index arrays on the device.
-pub(super) struct Attention {
+pub(crate) struct Attention {
     decode: Option<Decode>,
     prefill: Option<Prefill>,
     scale: f32,
+}
+
+/// Decode attention over a graph bucket's static tables (the shape is set
+/// per context bucket before each capture).
+pub(crate) struct GraphAttention {
+    pub(super) shape: DecodeShape,
+    pub(super) tables: CudaSlice<i32>,
+    pub(super) context: CudaSlice<i32>,
+    pub(super) scratch: Option<DecodeScratch>,
+    pub(super) scale: f32,
+}
+
+impl StepAttention {
+    /// `out` = attention of `q` over `k` / `v` (which hold this step's keys
+    /// and values); every row written once.
+    pub(crate) fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
+        match self {
+            Self::Eager(a) => {
+                if let Some(d) = &a.decode {
+                    g.paged_decode(out, q, k, v, &d.tables, &d.context, d.shape, a.scale)?;
+                }
+                if let Some(f) = &a.prefill {
+                    g.paged_prefill(out, q, k, v, &f.tables, &f.q_starts, &f.start_pos, f.shape, a.scale)?;
+                }
+            }
+            Self::Graph(a) => g.paged_decode_in(out, q, k, v, &a.tables, &a.context, a.shape, a.scale, a.scratch.as_ref())?,
+        }
+        Ok(())
+    }
 }
 
 struct Decode {
@@ -34,7 +71,11 @@ struct Prefill {
 }
 
 /// The launches for `p`'s step.
-pub(super) fn plan(model: &CudaModel, p: &Plan) -> Result<Attention> {
+pub(super) fn plan(model: &CudaBackend, p: &Plan) -> Result<StepAttention> {
+    Ok(StepAttention::Eager(eager(model, p)?))
+}
+
+fn eager(model: &CudaBackend, p: &Plan) -> Result<Attention> {
     let c = &model.config;
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     let seqs = p.start_pos.len();
@@ -86,7 +127,7 @@ fn per_token_tables(p: &Plan, rows: &[usize]) -> Vec<i32> {
 
 /// Decode attention over rows `0..rows.len()` (`rows` is that prefix), each
 /// attending to its own position and everything before it.
-fn decode(model: &CudaModel, p: &Plan, rows: &[usize], tables: &[i32]) -> Result<Decode> {
+fn decode(model: &CudaBackend, p: &Plan, rows: &[usize], tables: &[i32]) -> Result<Decode> {
     let c = &model.config;
     let context: Vec<i32> = rows.iter().map(|&r| (p.positions[r] + 1) as i32).collect();
     let shape = DecodeShape {
@@ -100,17 +141,4 @@ fn decode(model: &CudaModel, p: &Plan, rows: &[usize], tables: &[i32]) -> Result
     };
     let s = &model.gpu.stream;
     Ok(Decode { shape, tables: s.clone_htod(tables)?, context: s.clone_htod(&context)? })
-}
-
-impl AttentionLaunch for Attention {
-    /// Every row written once.
-    fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
-        if let Some(d) = &self.decode {
-            g.paged_decode(out, q, k, v, &d.tables, &d.context, d.shape, self.scale)?;
-        }
-        if let Some(f) = &self.prefill {
-            g.paged_prefill(out, q, k, v, &f.tables, &f.q_starts, &f.start_pos, f.shape, self.scale)?;
-        }
-        Ok(())
-    }
 }

@@ -6,17 +6,17 @@
 //! split-K scratch, logits) that the graph's kernels were captured with; a
 //! step copies its inputs into them and launches. Padding rows write no
 //! cache slot (slot -1) and attend to one position. Turned off by
-//! `SPINDLE_CUDA_GRAPHS=0`, and for good if a capture fails (the step then
-//! runs eagerly, and the log says why).
+//! [`super::CudaSwitches::cuda_graphs`], and for good if a capture fails
+//! (the step then runs eagerly, and the log says why).
 
-use super::forward::Plan;
-use super::step::{AttentionLaunch, Inputs, Workspace};
-use super::CudaModel;
+use super::attention::{GraphAttention, StepAttention};
+use super::{CudaBackend, CudaStep, LogitRows};
+use crate::backend::{PassFn, StepLayout as Plan, Workspace};
 use crate::error::{EngineError, Result};
+use crate::model::ops::Rope;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{CudaGraph, CudaSlice};
-use half::bf16;
-use spindle_kernels::device::{DecodeScratch, DecodeShape, Gpu};
+use spindle_kernels::device::{DecodeShape, Gpu};
 use std::collections::HashMap;
 
 /// Batch sizes decode graphs are captured at.
@@ -37,15 +37,12 @@ impl std::fmt::Debug for DecodeGraphs {
     }
 }
 
-/// One batch bucket's static buffers and its graphs by context bucket.
+/// One batch bucket's static buffers (activations and logits in `ws`,
+/// inputs and attention tables in `step`) and its graphs by context bucket.
 struct Bucket {
     size: usize,
-    ws: Workspace,
-    inputs: Inputs,
-    tables: CudaSlice<i32>,
-    context: CudaSlice<i32>,
-    scratch: Option<DecodeScratch>,
-    logits: CudaSlice<f32>,
+    ws: Workspace<CudaBackend>,
+    step: CudaStep,
     graphs: HashMap<usize, OwnedGraph>,
 }
 
@@ -57,30 +54,13 @@ struct OwnedGraph(CudaGraph);
 // moving it between threads, and launching binds the context first.
 unsafe impl Send for OwnedGraph {}
 
-/// Decode attention over a bucket's static tables.
-struct GraphAttention<'a> {
-    shape: DecodeShape,
-    tables: &'a CudaSlice<i32>,
-    context: &'a CudaSlice<i32>,
-    scratch: Option<&'a DecodeScratch>,
-    scale: f32,
-}
-
-impl AttentionLaunch for GraphAttention<'_> {
-    fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
-        g.paged_decode_in(out, q, k, v, self.tables, self.context, self.shape, self.scale, self.scratch)?;
-        Ok(())
-    }
-}
-
 impl DecodeGraphs {
-    /// Graphs on unless `SPINDLE_CUDA_GRAPHS=0`.
-    pub(super) fn new() -> Self {
-        let enabled = std::env::var("SPINDLE_CUDA_GRAPHS").map_or(true, |v| v != "0");
+    /// Graphs on or off from the start.
+    pub(super) fn new(enabled: bool) -> Self {
         Self { enabled, buckets: (0..BATCH_BUCKETS.len()).map(|_| None).collect() }
     }
 
-        /// Graphs captured so far.
+    /// Graphs captured so far.
     pub(super) fn captured(&self) -> usize {
         self.buckets.iter().flatten().map(|b| b.graphs.len()).sum()
     }
@@ -99,7 +79,7 @@ fn batch_bucket(n: usize) -> Option<usize> {
     BATCH_BUCKETS.iter().position(|&b| b >= n)
 }
 
-impl CudaModel {
+impl CudaBackend {
     fn max_graph_blocks(&self) -> usize {
         MAX_GRAPH_CONTEXT.div_ceil(self.block_size)
     }
@@ -114,7 +94,7 @@ impl CudaModel {
     /// need be) and hands its logits (rows = the step's tokens) to `finish`.
     /// On a capture failure graphs are turned off and `None` comes back, so
     /// the caller runs the step eagerly.
-    pub(super) fn run_graph<R>(&mut self, p: &Plan, finish: impl FnOnce(&Gpu, &mut CudaSlice<f32>) -> Result<R>) -> Result<Option<R>> {
+    pub(super) fn run_graph<R>(&mut self, p: &Plan, rope: &Rope, pass: &mut PassFn<'_, Self>, finish: impl FnOnce(&Gpu, &mut CudaSlice<f32>) -> Result<R>) -> Result<Option<R>> {
         let Some(index) = batch_bucket(p.start_pos.len()) else { return Ok(None) };
         let mut bucket = match self.graphs.buckets[index].take() {
             Some(b) => b,
@@ -128,9 +108,9 @@ impl CudaModel {
             },
         };
         let blocks = self.blocks_bucket(p.max_blocks);
-        let result = self.replay(&mut bucket, p, blocks);
+        let result = self.replay(&mut bucket, p, rope, blocks, pass);
         let out = match result {
-            Ok(true) => finish(&self.gpu, &mut bucket.logits).map(Some),
+            Ok(true) => finish(&self.gpu, &mut bucket.ws.logits).map(Some),
             Ok(false) => Ok(None),
             Err(e) => Err(e),
         };
@@ -174,24 +154,30 @@ impl CudaModel {
             }
             blocks = self.blocks_bucket(blocks * 2);
         }
-        Ok(Bucket {
-            size,
-            ws: Workspace::new(&self.gpu, c, size)?,
-            inputs: Inputs { ids: s.alloc_zeros(size)?, slots: s.alloc_zeros(size)?, cos: s.alloc_zeros(size * half)?, sin: s.alloc_zeros(size * half)? },
+        let attention = GraphAttention {
+            shape: self.graph_shape(size, self.blocks_bucket(1)),
             tables: s.alloc_zeros(size * cap_blocks)?,
             context: s.alloc_zeros(size)?,
             scratch: self.gpu.decode_scratch_for(partials, c.head_dim)?,
-            logits: s.alloc_zeros(size * c.vocab_size)?,
-            graphs: HashMap::new(),
-        })
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
+        let step = CudaStep {
+            ids: s.alloc_zeros(size)?,
+            slots: s.alloc_zeros(size)?,
+            cos: s.alloc_zeros(size * half)?,
+            sin: s.alloc_zeros(size * half)?,
+            attention: StepAttention::Graph(attention),
+            logit_rows: LogitRows::All(size),
+        };
+        Ok(Bucket { size, ws: Workspace::new(self, c, size, size)?, step, graphs: HashMap::new() })
     }
 
     /// Copies `p`'s inputs into the bucket (padded) and launches the graph
     /// for `blocks`. `Ok(false)`: the capture failed and graphs are now off.
-    fn replay(&mut self, bucket: &mut Bucket, p: &Plan, blocks: usize) -> Result<bool> {
-        self.fill(bucket, p, blocks)?;
+    fn replay(&mut self, bucket: &mut Bucket, p: &Plan, rope: &Rope, blocks: usize, pass: &mut PassFn<'_, Self>) -> Result<bool> {
+        self.fill(bucket, p, rope, blocks)?;
         if !bucket.graphs.contains_key(&blocks) {
-            match self.capture(bucket, blocks) {
+            match self.capture(bucket, blocks, pass) {
                 Ok(graph) => {
                     bucket.graphs.insert(blocks, OwnedGraph(graph));
                 }
@@ -208,41 +194,40 @@ impl CudaModel {
     }
 
     /// The step's inputs, padded to the bucket (see [`Padded`]).
-    fn fill(&self, bucket: &mut Bucket, p: &Plan, blocks: usize) -> Result<()> {
+    fn fill(&self, bucket: &mut Bucket, p: &Plan, rope: &Rope, blocks: usize) -> Result<()> {
         let s = &self.gpu.stream;
         let padded = Padded::new(p, bucket.size, blocks);
-        let angles = self.rope.angles(&padded.positions);
-        s.memcpy_htod(&padded.ids, &mut bucket.inputs.ids)?;
-        s.memcpy_htod(&padded.slots, &mut bucket.inputs.slots)?;
-        s.memcpy_htod(angles.cos(), &mut bucket.inputs.cos)?;
-        s.memcpy_htod(angles.sin(), &mut bucket.inputs.sin)?;
-        s.memcpy_htod(&padded.tables, &mut bucket.tables)?;
-        s.memcpy_htod(&padded.context, &mut bucket.context)?;
+        let angles = rope.angles(&padded.positions);
+        let step = &mut bucket.step;
+        s.memcpy_htod(&padded.ids, &mut step.ids)?;
+        s.memcpy_htod(&padded.slots, &mut step.slots)?;
+        s.memcpy_htod(angles.cos(), &mut step.cos)?;
+        s.memcpy_htod(angles.sin(), &mut step.sin)?;
+        if let StepAttention::Graph(a) = &mut step.attention {
+            s.memcpy_htod(&padded.tables, &mut a.tables)?;
+            s.memcpy_htod(&padded.context, &mut a.context)?;
+        }
         Ok(())
     }
 
     /// The bucket's whole step (layers, final norm, output head) at
     /// `blocks`: the launches a graph records (allocating nothing).
-    fn graph_pass(&mut self, bucket: &mut Bucket, blocks: usize) -> Result<()> {
+    fn graph_pass(&mut self, bucket: &mut Bucket, blocks: usize, pass: &mut PassFn<'_, Self>) -> Result<()> {
         let shape = self.graph_shape(bucket.size, blocks);
-        let c = &self.config;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let (vocab, h, size) = (c.vocab_size, c.hidden_size, bucket.size);
-        let attention = GraphAttention { shape, tables: &bucket.tables, context: &bucket.context, scratch: bucket.scratch.as_ref(), scale };
-        self.layer_pass(&mut bucket.ws, &bucket.inputs, &attention, size)?;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        self.gpu.gemm(&mut bucket.logits, &bucket.ws.hn, head, size, vocab, h)?;
-        Ok(())
+        if let StepAttention::Graph(a) = &mut bucket.step.attention {
+            a.shape = shape;
+        }
+        pass(self, &mut bucket.ws, &bucket.step, bucket.size)
     }
 
     /// Records [`Self::graph_pass`] into a graph, after running it once
     /// eagerly on the same buffers (so that libraries finish their first-use
     /// set-up outside the capture; the replay rewrites the same cache slots).
-    fn capture(&mut self, bucket: &mut Bucket, blocks: usize) -> Result<CudaGraph> {
-        self.graph_pass(bucket, blocks)?;
+    fn capture(&mut self, bucket: &mut Bucket, blocks: usize, pass: &mut PassFn<'_, Self>) -> Result<CudaGraph> {
+        self.graph_pass(bucket, blocks, pass)?;
         let stream = self.gpu.stream.clone();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let pass = self.graph_pass(bucket, blocks);
+        let run = self.graph_pass(bucket, blocks, pass);
         // The capture must end whatever happened inside it.
         let graph = match stream.end_capture(CUgraphInstantiate_flags(0)) {
             Ok(g) => g,
@@ -255,11 +240,11 @@ impl CudaModel {
                         let _ = unsafe { cudarc::driver::result::graph::destroy(g) };
                     }
                 }
-                pass?;
+                run?;
                 return Err(e.into());
             }
         };
-        pass?;
+        run?;
         graph.ok_or_else(|| EngineError::Backend("stream capture produced no graph".into()))
     }
 }

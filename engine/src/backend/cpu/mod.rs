@@ -1,0 +1,210 @@
+//! The CPU backend: f32 activations, weights kept in their file's block
+//! formats ([`Linear`], integer SIMD kernels), an f32 paged [`KvPool`], and
+//! sampling on the host. Every op runs on the rayon pool.
+
+pub mod attention;
+
+use super::{Backend, KvGeometry, KvSize, LinearJob, PassFn, Presampled, StepLayout, StepLogits, Workspace};
+use crate::batch::ForwardBatch;
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::kv::KvPool;
+use crate::model::linear::{matmul_many, MatmulJob};
+use crate::model::ops::{add_in_place, rms_norm_into, Rope, RopeAngles};
+use crate::model::{Linear, MatmulPrecision};
+use crate::weights::TensorView;
+use attention::{paged_attention, HeadShape};
+
+/// The CPU backend (see the module doc).
+#[derive(Debug, Default)]
+pub struct CpuBackend {
+    precision: MatmulPrecision,
+    kv: Option<KvPool>,
+    shape: Option<HeadShape>,
+    config: Option<ModelConfig>,
+    workspace: Option<Workspace<CpuBackend>>,
+}
+
+impl std::fmt::Debug for Workspace<CpuBackend> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workspace").field("capacity", &self.capacity).field("logit_capacity", &self.logit_capacity).finish_non_exhaustive()
+    }
+}
+
+/// One step's inputs on the CPU.
+#[derive(Debug)]
+pub struct CpuStep {
+    layout: StepLayout,
+    angles: RopeAngles,
+    rope: Rope,
+}
+
+impl CpuBackend {
+    /// A backend multiplying with `precision`.
+    pub fn new(precision: MatmulPrecision) -> Self {
+        Self { precision, ..Self::default() }
+    }
+
+    /// Choose fast (8-bit activations) or exact (f32) quantized matmuls.
+    pub fn set_precision(&mut self, precision: MatmulPrecision) {
+        self.precision = precision;
+    }
+
+    /// The matmul precision in force.
+    pub fn precision(&self) -> MatmulPrecision {
+        self.precision
+    }
+
+    /// Allocates a pool of `num_blocks` blocks of `block_size` tokens for
+    /// `c` (replacing any earlier one).
+    pub fn attach_pool(&mut self, c: &ModelConfig, num_blocks: usize, block_size: usize) -> KvGeometry {
+        self.kv = Some(KvPool::new(c.num_layers, num_blocks, block_size, c.kv_dim()));
+        self.shape = Some(HeadShape { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim });
+        self.workspace = None;
+        self.config = Some(c.clone());
+        self.kv_geometry()
+    }
+
+    fn pool(&self) -> Result<&KvPool> {
+        self.kv.as_ref().ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = Vec<f32>;
+    type Weight = Linear;
+    type Vector = Vec<f32>;
+    type Logits = Vec<f32>;
+    type Step = CpuStep;
+
+    fn describe(&self) -> String {
+        format!("cpu ({} rayon threads)", rayon::current_num_threads())
+    }
+
+    fn load_linear(&self, t: &TensorView<'_>, rows: usize, cols: usize, bias: Option<Vec<f32>>) -> Result<Linear> {
+        let linear = Linear::from_tensor(t, rows, cols)?;
+        match bias {
+            Some(b) => linear.with_bias(b),
+            None => Ok(linear),
+        }
+    }
+
+    fn load_vector(&self, values: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(values)
+    }
+
+    fn weight_bytes(&self, w: &Linear) -> usize {
+        w.weight_bytes()
+    }
+
+    fn allocate_kv(&mut self, c: &ModelConfig, size: KvSize, block_size: usize) -> Result<KvGeometry> {
+        let num_blocks = match size {
+            KvSize::Blocks(n) => n,
+            KvSize::Bytes(b) => KvPool::blocks_for_budget(b, c.num_layers, block_size.max(1), c.kv_dim()),
+            KvSize::MemoryFraction(_) => return Err(EngineError::Backend("the CPU's KV cache is sized in bytes, not as a fraction of device memory".into())),
+        };
+        if num_blocks == 0 || block_size == 0 {
+            return Err(EngineError::Backend(format!("no room for a KV cache ({num_blocks} blocks of {block_size} tokens)")));
+        }
+        Ok(self.attach_pool(c, num_blocks, block_size))
+    }
+
+    fn kv_geometry(&self) -> KvGeometry {
+        match &self.kv {
+            Some(kv) => KvGeometry {
+                block_size: kv.block_size(),
+                num_blocks: kv.num_blocks(),
+                bytes_per_block: 2 * kv.num_layers() * kv.block_size() * kv.kv_dim() * std::mem::size_of::<f32>(),
+            },
+            None => KvGeometry { block_size: 0, num_blocks: 0, bytes_per_block: 0 },
+        }
+    }
+
+    fn tensor(&self, rows: usize, width: usize) -> Result<Vec<f32>> {
+        Ok(vec![0f32; rows * width])
+    }
+
+    fn logits_buffer(&self, rows: usize, vocab: usize) -> Result<Vec<f32>> {
+        Ok(vec![0f32; rows * vocab])
+    }
+
+    fn run_step(&mut self, batch: &ForwardBatch, layout: &StepLayout, rope: &Rope, _device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+        let (rows, logit_rows) = (layout.num_rows(), layout.rows.len());
+        let step = CpuStep { angles: rope.angles(&layout.positions), rope: rope.clone(), layout: layout.clone() };
+        let config = self.config.as_ref().ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
+        let mut ws = Workspace::reuse_or_grow(self.workspace.take(), self, config, rows, logit_rows)?;
+        let result = pass(self, &mut ws, &step, rows);
+        let vocab = ws.logits.len() / ws.logit_capacity.max(1);
+        let logits = result.map(|()| layout.split_logits(&ws.logits[..logit_rows * vocab], vocab));
+        self.workspace = Some(ws);
+        Ok(StepLogits { logits: logits?, sampled: vec![Presampled::No; batch.seqs.len()] })
+    }
+
+    fn embed(&self, out: &mut Vec<f32>, table: &Linear, step: &CpuStep, rows: usize) -> Result<()> {
+        let h = table.cols();
+        for (r, &id) in step.layout.ids[..rows].iter().enumerate() {
+            table.row_f32(id as usize, &mut out[r * h..(r + 1) * h])?;
+        }
+        Ok(())
+    }
+
+    fn add_rms_norm(&self, out: &mut Vec<f32>, residual: Option<&mut Vec<f32>>, x: &Vec<f32>, weight: &Vec<f32>, rows: usize, width: usize, eps: f32) -> Result<()> {
+        let n = rows * width;
+        let out = &mut out[..n];
+        match residual {
+            Some(r) => {
+                add_in_place(&mut r[..n], &x[..n]);
+                rms_norm_into(&r[..n], weight, eps, out);
+            }
+            None => rms_norm_into(&x[..n], weight, eps, out),
+        }
+        Ok(())
+    }
+
+    fn linear_many(&self, x: &Vec<f32>, rows: usize, jobs: &mut [LinearJob<'_, Self>]) -> Result<()> {
+        let mut jobs: Vec<MatmulJob<'_>> = jobs.iter_mut().map(|(layer, out)| MatmulJob { layer, out: out.as_mut_slice() }).collect();
+        matmul_many(&mut jobs, x, rows, self.precision)
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, step: &CpuStep, rows: usize, heads: usize) -> Result<()> {
+        let width = heads * step.rope.head_dim();
+        step.rope.apply(&mut x[..rows * width], &step.angles, heads);
+        Ok(())
+    }
+
+    fn kv_write(&mut self, layer: usize, k: &Vec<f32>, v: &Vec<f32>, step: &CpuStep, rows: usize) -> Result<()> {
+        let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
+        let d = kv.kv_dim();
+        for (t, &slot) in step.layout.slots[..rows].iter().enumerate() {
+            kv.write(layer, slot as usize, &k[t * d..(t + 1) * d], &v[t * d..(t + 1) * d]);
+        }
+        Ok(())
+    }
+
+    fn attention(&self, layer: usize, out: &mut Vec<f32>, q: &Vec<f32>, step: &CpuStep, _rows: usize) -> Result<()> {
+        let shape = self.shape.ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
+        paged_attention(q, out, self.pool()?, layer, &step.layout, shape);
+        Ok(())
+    }
+
+    fn silu_mul(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
+        let n = rows * width;
+        for ((o, g), u) in out[..n].iter_mut().zip(&gate[..n]).zip(&up[..n]) {
+            *o = *g / (1.0 + (-*g).exp()) * u;
+        }
+        Ok(())
+    }
+
+    fn logits(&self, out: &mut Vec<f32>, picked: &mut Vec<f32>, hidden: &Vec<f32>, head: &Linear, step: &CpuStep) -> Result<()> {
+        let h = head.cols();
+        let rows = &step.layout.rows;
+        for (i, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            picked[i * h..(i + 1) * h].copy_from_slice(&hidden[r * h..(r + 1) * h]);
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        head.forward(&picked[..rows.len() * h], rows.len(), out, self.precision)
+    }
+}

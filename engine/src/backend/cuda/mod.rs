@@ -1,0 +1,332 @@
+//! The CUDA backend (feature `cuda`): bf16 weights and activations on one
+//! GPU, its paged KV cache in device memory, Spindle's own kernels
+//! (`spindle-kernels`), CUDA graphs for decode steps and sampling on the
+//! device where its kernel reproduces the host sampler.
+//!
+//! Weights of any file type (GGUF quants included) are dequantized to bf16
+//! at load; q/k/v biases (Qwen2) are added after their GEMM. The KV cache
+//! has the CPU pool's layout (slot = block × block_size + offset, rows of
+//! kv_dim) in bf16. A step with several new tokens in some sequence runs the
+//! flash-attention prefill kernel (causal, varlen, over the cache, so cached
+//! prefixes are attended); a step of single tokens runs split-K decode
+//! attention. GEMMs run on cuBLAS when `libcublas.so.13` is on the library
+//! path (and [`CudaSwitches::cublas`] is on), else on Spindle's own kernels.
+
+mod attention;
+mod graphs;
+mod run;
+mod sample;
+mod telemetry;
+
+use super::{Backend, KvGeometry, KvSize, LinearJob, PassFn, StepLayout, StepLogits, Workspace};
+use crate::batch::ForwardBatch;
+use crate::config::{ModelConfig, RopeStyle};
+use crate::error::{EngineError, Result};
+use crate::model::linear::tensor_to_f32;
+use crate::model::ops::Rope;
+use crate::weights::TensorView;
+use attention::StepAttention;
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use spindle_kernels::device::{CudaError, Gpu};
+
+pub use spindle_kernels::device::driver_present;
+
+/// CUDA devices present (0 without a driver; never panics).
+pub fn device_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count().map_or(0, |n| usize::try_from(n).unwrap_or(0))
+}
+
+impl From<CudaError> for EngineError {
+    fn from(e: CudaError) -> Self {
+        EngineError::Backend(e.to_string())
+    }
+}
+
+impl From<cudarc::driver::DriverError> for EngineError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        EngineError::Backend(format!("CUDA driver: {e}"))
+    }
+}
+
+/// Device memory kept free for a step's activations and logits.
+pub const WORKSPACE_BYTES: usize = 2 << 30;
+
+/// The CUDA backend's switches (all on by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaSwitches {
+    /// Replay decode steps from CUDA graphs.
+    pub cuda_graphs: bool,
+    /// Run GEMMs on cuBLAS when it loads.
+    pub cublas: bool,
+}
+
+impl Default for CudaSwitches {
+    fn default() -> Self {
+        Self { cuda_graphs: true, cublas: true }
+    }
+}
+
+/// A linear layer on the GPU: `[rows, cols]` bf16 and its bias.
+pub struct GpuLinear {
+    w: CudaSlice<bf16>,
+    bias: Option<CudaSlice<bf16>>,
+    rows: usize,
+    cols: usize,
+}
+
+/// One step's inputs on the device (at least as many rows as the pass runs).
+pub struct CudaStep {
+    pub(crate) ids: CudaSlice<u32>,
+    /// Cache slot of each row's key and value (negative: not written).
+    pub(crate) slots: CudaSlice<i64>,
+    /// RoPE tables, rows of head_dim / 2.
+    pub(crate) cos: CudaSlice<f32>,
+    pub(crate) sin: CudaSlice<f32>,
+    pub(crate) attention: StepAttention,
+    pub(crate) logit_rows: LogitRows,
+}
+
+/// Which rows of the final hidden state go through the output head.
+pub(crate) enum LogitRows {
+    /// None.
+    Nothing,
+    /// The first n (a graph's bucket: every row).
+    All(usize),
+    /// These rows (a device array of row indices, its length, the step's rows).
+    Picked(CudaSlice<u32>, usize, usize),
+}
+
+/// A model's device, KV cache and step buffers (see the module doc).
+pub struct CudaBackend {
+    config: ModelConfig,
+    ordinal: usize,
+    k_cache: Vec<CudaSlice<bf16>>,
+    v_cache: Vec<CudaSlice<bf16>>,
+    block_size: usize,
+    num_blocks: usize,
+    /// Activation buffers of eager steps, kept for the next one.
+    workspace: Option<Workspace<CudaBackend>>,
+    /// CUDA graphs of decode steps.
+    graphs: graphs::DecodeGraphs,
+    /// Last, so that it (the cuBLAS handle and its workspace) outlives
+    /// everything above.
+    gpu: Gpu,
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Let the last step's work finish before its buffers are freed.
+        let _ = self.gpu.stream.synchronize();
+    }
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend").field("ordinal", &self.ordinal).field("num_blocks", &self.num_blocks).finish_non_exhaustive()
+    }
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` for a model of `config`. No driver or device, or a
+    /// head width the attention kernels do not take, is an error.
+    pub fn open(ordinal: usize, config: &ModelConfig, switches: CudaSwitches) -> Result<Self> {
+        if config.head_dim > spindle_kernels::device::MAX_HEAD_DIM {
+            return Err(EngineError::Backend(format!("head_dim {} is over the CUDA attention kernel's {}", config.head_dim, spindle_kernels::device::MAX_HEAD_DIM)));
+        }
+        let gpu = Gpu::open_with(ordinal, switches.cublas)?;
+        Ok(Self {
+            config: config.clone(),
+            ordinal,
+            k_cache: Vec::new(),
+            v_cache: Vec::new(),
+            block_size: 0,
+            num_blocks: 0,
+            workspace: None,
+            graphs: graphs::DecodeGraphs::new(switches.cuda_graphs),
+            gpu,
+        })
+    }
+
+    /// Replay decode steps from CUDA graphs, or launch every kernel.
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Decode graphs captured so far (0 with graphs off).
+    pub fn captured_graphs(&self) -> usize {
+        self.graphs.captured()
+    }
+
+    /// The GPU's UUID (`GPU-…`, as NVML names it).
+    pub fn device_uuid(&self) -> Option<String> {
+        self.gpu.uuid().ok()
+    }
+
+    /// What runs the linear layers (cuBLAS, or Spindle's kernels and why).
+    pub fn gemm_backend(&self) -> String {
+        self.gpu.gemm_backend()
+    }
+
+    /// The GPU's name.
+    pub fn device_name(&self) -> String {
+        self.gpu.name().unwrap_or_else(|_| "unknown GPU".into())
+    }
+
+    /// Bytes of KV cache per block (all layers, keys and values, bf16).
+    pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+        2 * config.num_layers * block_size * config.kv_dim() * std::mem::size_of::<bf16>()
+    }
+
+    fn upload(&self, values: &[f32]) -> Result<CudaSlice<bf16>> {
+        let host: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+        Ok(self.gpu.stream.clone_htod(&host)?)
+    }
+}
+
+/// KV blocks of `block_bytes` that fit in `fraction` of the device's memory
+/// beside what is already used and [`WORKSPACE_BYTES`].
+fn blocks_for_fraction(gpu: &Gpu, fraction: f64, block_bytes: usize) -> Result<usize> {
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err(EngineError::Backend(format!("the GPU memory fraction must be in (0, 1], not {fraction}")));
+    }
+    let (free, total) = gpu.ctx.mem_get_info()?;
+    let used = total.saturating_sub(free);
+    let budget = ((total as f64 * fraction) as usize).saturating_sub(used).saturating_sub(WORKSPACE_BYTES);
+    let blocks = budget / block_bytes.max(1);
+    if blocks == 0 {
+        return Err(EngineError::Backend(format!(
+            "no room for a KV cache: {:.1} GiB of {:.1} GiB used after loading the weights",
+            used as f64 / f64::from(1u32 << 30),
+            total as f64 / f64::from(1u32 << 30)
+        )));
+    }
+    Ok(blocks)
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaSlice<bf16>;
+    type Weight = GpuLinear;
+    type Vector = CudaSlice<bf16>;
+    type Logits = CudaSlice<f32>;
+    type Step = CudaStep;
+
+    fn describe(&self) -> String {
+        format!("cuda:{} ({}; linear layers: {})", self.ordinal, self.device_name(), self.gemm_backend())
+    }
+
+    fn load_linear(&self, t: &TensorView<'_>, rows: usize, cols: usize, bias: Option<Vec<f32>>) -> Result<GpuLinear> {
+        t.expect_shape(&[rows, cols])?;
+        if let Some(b) = &bias {
+            if b.len() != rows {
+                return Err(EngineError::InvalidConfig(format!("bias of length {} for a layer with {rows} outputs", b.len())));
+            }
+        }
+        let w = self.upload(&tensor_to_f32(t)?)?;
+        let bias = bias.map(|b| self.upload(&b)).transpose()?;
+        Ok(GpuLinear { w, bias, rows, cols })
+    }
+
+    fn load_vector(&self, values: Vec<f32>) -> Result<CudaSlice<bf16>> {
+        self.upload(&values)
+    }
+
+    fn weight_bytes(&self, w: &GpuLinear) -> usize {
+        (w.w.len() + w.bias.as_ref().map_or(0, CudaSlice::len)) * std::mem::size_of::<bf16>()
+    }
+
+    fn allocate_kv(&mut self, c: &ModelConfig, size: KvSize, block_size: usize) -> Result<KvGeometry> {
+        let per_block = Self::kv_bytes_per_block(c, block_size);
+        let num_blocks = match size {
+            KvSize::Blocks(n) => n,
+            KvSize::Bytes(b) => b / per_block.max(1),
+            KvSize::MemoryFraction(fraction) => blocks_for_fraction(&self.gpu, fraction, per_block)?,
+        };
+        if num_blocks == 0 || block_size == 0 {
+            return Err(EngineError::Backend(format!("no room for a KV cache ({num_blocks} blocks of {block_size} tokens)")));
+        }
+        let per_layer = num_blocks * block_size * c.kv_dim();
+        self.k_cache.clear();
+        self.v_cache.clear();
+        for _ in 0..c.num_layers {
+            self.k_cache.push(self.gpu.stream.alloc_zeros::<bf16>(per_layer)?);
+            self.v_cache.push(self.gpu.stream.alloc_zeros::<bf16>(per_layer)?);
+        }
+        self.config = c.clone();
+        self.block_size = block_size;
+        self.num_blocks = num_blocks;
+        Ok(self.kv_geometry())
+    }
+
+    fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry { block_size: self.block_size, num_blocks: self.num_blocks, bytes_per_block: Self::kv_bytes_per_block(&self.config, self.block_size) }
+    }
+
+    fn tensor(&self, rows: usize, width: usize) -> Result<CudaSlice<bf16>> {
+        Ok(self.gpu.stream.alloc_zeros::<bf16>((rows * width).max(1))?)
+    }
+
+    fn logits_buffer(&self, rows: usize, vocab: usize) -> Result<CudaSlice<f32>> {
+        Ok(self.gpu.stream.alloc_zeros::<f32>((rows * vocab).max(1))?)
+    }
+
+    fn run_step(&mut self, batch: &ForwardBatch, layout: &StepLayout, rope: &Rope, device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+        self.run(batch, layout, rope, device_sampling, pass)
+    }
+
+    fn embed(&self, out: &mut CudaSlice<bf16>, table: &GpuLinear, step: &CudaStep, rows: usize) -> Result<()> {
+        Ok(self.gpu.embedding(out, &table.w, &step.ids, rows, table.cols, table.rows as u32)?)
+    }
+
+    fn add_rms_norm(&self, out: &mut CudaSlice<bf16>, residual: Option<&mut CudaSlice<bf16>>, x: &CudaSlice<bf16>, weight: &CudaSlice<bf16>, rows: usize, width: usize, eps: f32) -> Result<()> {
+        Ok(self.gpu.add_rmsnorm(out, residual, x, weight, rows, width, eps)?)
+    }
+
+    fn linear_many(&self, x: &CudaSlice<bf16>, rows: usize, jobs: &mut [LinearJob<'_, Self>]) -> Result<()> {
+        for (w, out) in jobs.iter_mut() {
+            self.gpu.gemm(*out, x, &w.w, rows, w.rows, w.cols)?;
+            if let Some(b) = &w.bias {
+                self.gpu.add_bias(*out, b, rows, w.rows)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut CudaSlice<bf16>, step: &CudaStep, rows: usize, heads: usize) -> Result<()> {
+        let interleaved = self.config.rope_style == RopeStyle::Interleaved;
+        Ok(self.gpu.rope_table(x, &step.cos, &step.sin, rows, heads, self.config.head_dim, interleaved)?)
+    }
+
+    fn kv_write(&mut self, layer: usize, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>, step: &CudaStep, rows: usize) -> Result<()> {
+        let kv_dim = self.config.kv_dim();
+        let (kc, vc) = (&mut self.k_cache[layer], &mut self.v_cache[layer]);
+        Ok(self.gpu.kv_write(kc, vc, k, v, &step.slots, rows, kv_dim)?)
+    }
+
+    fn attention(&self, layer: usize, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, step: &CudaStep, _rows: usize) -> Result<()> {
+        step.attention.run(&self.gpu, out, q, &self.k_cache[layer], &self.v_cache[layer])
+    }
+
+    fn silu_mul(&self, out: &mut CudaSlice<bf16>, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>, rows: usize, width: usize) -> Result<()> {
+        Ok(self.gpu.silu_mul(out, gate, up, rows * width)?)
+    }
+
+    fn logits(&self, out: &mut CudaSlice<f32>, picked: &mut CudaSlice<bf16>, hidden: &CudaSlice<bf16>, head: &GpuLinear, step: &CudaStep) -> Result<()> {
+        let (vocab, h) = (head.rows, head.cols);
+        match &step.logit_rows {
+            LogitRows::Nothing => Ok(()),
+            LogitRows::All(n) => Ok(self.gpu.gemm(out, hidden, &head.w, *n, vocab, h)?),
+            LogitRows::Picked(rows, n, total) => {
+                self.gpu.embedding(picked, hidden, rows, *n, h, *total as u32)?;
+                Ok(self.gpu.gemm(out, picked, &head.w, *n, vocab, h)?)
+            }
+        }
+    }
+
+    fn telemetry(&self) -> Option<std::sync::Arc<dyn super::DeviceTelemetry>> {
+        telemetry::Nvml::open(self.device_uuid()?)
+    }
+}

@@ -1,0 +1,155 @@
+//! [`Decoder`]: a model's weights on a backend with the backend's KV cache,
+//! running one [`ForwardBatch`] per call through the one layer loop and
+//! sampling a token per sequence that asks.
+
+use super::llama::{LlamaModel, LlamaWeights};
+use super::ops::Rope;
+use super::MatmulPrecision;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, KvGeometry, KvSize, StepLayout};
+use crate::batch::{ForwardBatch, StepOutput};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::runner::{sample_outputs_with, Executor, ExecutorInfo};
+
+/// A model running on backend `B` (see the module doc).
+pub struct Decoder<B: Backend> {
+    weights: LlamaWeights<B>,
+    backend: B,
+    rope: Rope,
+    geometry: KvGeometry,
+    device_sampling: bool,
+}
+
+impl<B: Backend> std::fmt::Debug for Decoder<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder").field("device", &self.backend.describe()).field("weights", &self.weights).field("kv", &self.geometry).finish()
+    }
+}
+
+impl<B: Backend> Decoder<B> {
+    /// `weights` on `backend` (which loaded them), with a KV cache of `kv`
+    /// in blocks of `block_size` tokens.
+    pub fn with_backend(weights: LlamaWeights<B>, mut backend: B, kv: KvSize, block_size: usize) -> Result<Self> {
+        let geometry = backend.allocate_kv(weights.config(), kv, block_size)?;
+        Ok(Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        self.weights.config()
+    }
+
+    /// The KV cache's shape.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, to change its settings.
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Bytes of the weights on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.weight_bytes(&self.backend)
+    }
+
+    /// Bytes of weights a decode step streams (the layers and the head).
+    pub fn streamed_weight_bytes(&self) -> usize {
+        self.weights.streamed_bytes(&self.backend)
+    }
+
+    /// Bytes of the layers' matrices (what every token multiplies through).
+    pub fn layer_weight_bytes(&self) -> usize {
+        self.weights.layer_bytes(&self.backend)
+    }
+
+    /// Runs the batch and lets the backend sample on the device where device
+    /// sampling is on and it can; the rest get their logits back (nothing is
+    /// sampled on the host).
+    pub fn forward_step(&mut self, batch: &ForwardBatch) -> Result<crate::backend::StepLogits> {
+        let (logits, sampled) = self.run(batch, self.device_sampling)?;
+        Ok(crate::backend::StepLogits { logits, sampled })
+    }
+
+    /// Let the backend sample on the device where it can (the default), or
+    /// always sample on the host from copied logits.
+    pub fn set_device_sampling(&mut self, on: bool) {
+        self.device_sampling = on;
+    }
+
+    /// Runs the batch; returns, per sequence, the requested logits
+    /// (flattened `[rows, vocab]`). Nothing is sampled.
+    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
+        Ok(self.run(batch, false)?.0)
+    }
+
+    /// Runs one step: every sequence's new tokens through the model, then
+    /// sampling for those that asked.
+    ///
+    /// The step runs on a worker of the rayon pool, so the many parallel
+    /// regions inside it start without handing work across threads (the
+    /// calling thread would otherwise block and wake once per region).
+    pub fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+        rayon::scope(|_| {
+            let device_sampling = self.device_sampling;
+            let (logits, sampled) = self.run(batch, device_sampling)?;
+            sample_outputs_with(batch, logits, self.config().vocab_size, sampled)
+        })
+    }
+
+    fn run(&mut self, batch: &ForwardBatch, device_sampling: bool) -> Result<(Vec<Vec<f32>>, Vec<crate::backend::Presampled>)> {
+        let g = self.geometry;
+        let layout = StepLayout::new(self.weights.config(), g.block_size, g.num_blocks, batch)?;
+        let weights = &self.weights;
+        let mut pass = |b: &mut B, ws: &mut crate::backend::Workspace<B>, step: &B::Step, rows: usize| weights.pass(b, ws, step, rows);
+        let out = self.backend.run_step(batch, &layout, &self.rope, device_sampling, &mut pass)?;
+        Ok((out.logits, out.sampled))
+    }
+}
+
+impl<B: Backend + 'static> Executor for Decoder<B> {
+    fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+        Decoder::execute(self, batch)
+    }
+
+    fn context_length(&self) -> usize {
+        self.config().context_length
+    }
+
+    fn kv_geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+
+    fn info(&self) -> ExecutorInfo {
+        ExecutorInfo { device: self.backend.describe(), weight_bytes: self.weight_bytes() }
+    }
+
+    fn telemetry(&self) -> Option<std::sync::Arc<dyn crate::backend::DeviceTelemetry>> {
+        self.backend.telemetry()
+    }
+}
+
+/// The CPU model runner: a [`LlamaModel`] with its KV pool.
+pub type ModelRunner = Decoder<CpuBackend>;
+
+impl Decoder<CpuBackend> {
+    /// A CPU runner with a pool of `num_blocks` blocks of `block_size` tokens.
+    pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Self {
+        let (weights, precision) = model.into_parts();
+        let mut backend = CpuBackend::new(precision);
+        let geometry = backend.attach_pool(weights.config(), num_blocks, block_size);
+        Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true }
+    }
+
+    /// Choose fast (8-bit activations) or exact (f32) quantized matmuls.
+    pub fn set_precision(&mut self, precision: MatmulPrecision) {
+        self.backend.set_precision(precision);
+    }
+}

@@ -1,0 +1,150 @@
+//! The engine's options on the command line (`--device`, the KV cache's
+//! size, the backends' switches), shared by `serve` and `generate`, and
+//! starting a model behind a scheduler. Which backends exist, and how a
+//! device is opened, is the engine's business (`spindle_engine::open`).
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use spindle_engine::model::MatmulPrecision;
+use spindle_engine::models::DEFAULT_MODEL;
+use spindle_engine::{Device, EngineOptions, OpenedModel};
+use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
+
+/// Matmul precision on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Precision {
+    /// 8-bit activations with integer SIMD kernels.
+    Fast,
+    /// f32 activations and dequantized weights (slow; for validation; CPU only).
+    Exact,
+}
+
+/// Tokens per KV block.
+const BLOCK_SIZE: usize = 16;
+
+/// Where and how the model runs.
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Model name in the cache, or a path to a GGUF file or HF directory.
+    #[arg(long, env = "SPINDLE_MODEL", default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Where the model runs: auto (a GPU when there is one), cpu, cuda or cuda:N.
+    #[arg(long, env = "SPINDLE_DEVICE", default_value = "auto")]
+    pub device: Device,
+    /// Memory for the KV cache on the CPU, in MiB (on a GPU: --gpu-memory-utilization).
+    #[arg(long, env = "SPINDLE_KV_CACHE_MIB", default_value_t = 1024)]
+    pub kv_cache_memory_mib: usize,
+    /// Fraction of the GPU's memory for weights, activations and the KV cache (the rest of it goes to the KV cache).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Matmul precision of the CPU backend.
+    #[arg(long, value_enum, default_value = "fast")]
+    pub precision: Precision,
+    /// GPU: launch every decode step's kernels instead of replaying CUDA graphs.
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
+    /// GPU: copy logits to the host and sample there instead of on the device.
+    #[arg(long)]
+    pub host_sampling: bool,
+    /// GPU: run linear layers on Spindle's GEMM kernels even where cuBLAS loads.
+    #[arg(long)]
+    pub no_cublas: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long, env = "SPINDLE_THREADS")]
+    pub threads: Option<usize>,
+}
+
+impl EngineArgs {
+    /// The engine's options these flags ask for; `kv_blocks` fixes the
+    /// cache's size in blocks instead of the memory budgets.
+    pub fn options(&self, kv_blocks: Option<usize>) -> EngineOptions {
+        EngineOptions {
+            block_size: BLOCK_SIZE,
+            kv_blocks,
+            cpu_kv_bytes: self.kv_cache_memory_mib << 20,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            precision: match self.precision {
+                Precision::Fast => MatmulPrecision::Fast,
+                Precision::Exact => MatmulPrecision::Exact,
+            },
+            cuda_graphs: !self.no_cuda_graphs,
+            device_sampling: !self.host_sampling,
+            cublas: !self.no_cublas,
+        }
+    }
+
+    /// The device to open: `--precision exact` is a CPU mode, so `auto`
+    /// takes the CPU with it and an explicit GPU is an error.
+    pub fn device(&self) -> anyhow::Result<Device> {
+        match (self.device, self.precision) {
+            (Device::Auto, Precision::Exact) => {
+                tracing::info!("--precision exact is a CPU mode; using the CPU");
+                Ok(Device::Cpu)
+            }
+            (Device::Cuda(_), Precision::Exact) => anyhow::bail!("--precision exact is a CPU mode (the GPU runs bf16)"),
+            (d, _) => Ok(d),
+        }
+    }
+
+    /// Opens the model (with a progress bar on stderr).
+    pub fn open(&self, kv_blocks: Option<usize>) -> anyhow::Result<OpenedModel> {
+        let device = self.device()?;
+        let bar = ProgressBar::new(0);
+        bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")?.progress_chars("=> "));
+        bar.set_message(self.model.clone());
+        let opened = spindle_engine::open(&self.model, device, &self.options(kv_blocks), &mut |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        });
+        bar.finish_and_clear();
+        Ok(opened?)
+    }
+}
+
+/// A model running behind a scheduler, and what the server needs of it.
+pub struct Started {
+    /// The scheduler driving the model's executor.
+    pub scheduler: SchedulerHandle,
+    /// The model's name, config, tokenizer and chat template.
+    pub meta: spindle_engine::load::ModelMeta,
+    /// Device telemetry, when the backend has it.
+    pub telemetry: Option<std::sync::Arc<dyn spindle_engine::runner::DeviceTelemetry>>,
+}
+
+/// Starts a scheduler with `config` over an opened model.
+pub fn start(opened: OpenedModel, config: SchedulerConfig) -> Started {
+    let telemetry = opened.executor.telemetry();
+    let scheduler = SchedulerHandle::spawn(config, opened.executor, opened.meta.tokenizer.clone());
+    Started { scheduler, meta: opened.meta, telemetry }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    #[test]
+    fn flags_become_engine_options() {
+        let cli = Cli::try_parse_from(["x", "--device", "cuda:1", "--no-cuda-graphs", "--host-sampling", "--kv-cache-memory-mib", "64"]).unwrap();
+        assert_eq!(cli.engine.device, Device::Cuda(1));
+        let o = cli.engine.options(None);
+        assert!(!o.cuda_graphs && !o.device_sampling && o.cublas);
+        assert_eq!(o.cpu_kv_bytes, 64 << 20);
+        assert!(Cli::try_parse_from(["x", "--device", "gpu"]).is_err(), "an unknown device is a usage error");
+    }
+
+    #[test]
+    fn exact_precision_is_a_cpu_mode() {
+        let cli = Cli::try_parse_from(["x", "--precision", "exact"]).unwrap();
+        assert_eq!(cli.engine.device().unwrap(), Device::Cpu);
+        let cli = Cli::try_parse_from(["x", "--precision", "exact", "--device", "cuda"]).unwrap();
+        assert!(cli.engine.device().unwrap_err().to_string().contains("CPU mode"));
+    }
+}
