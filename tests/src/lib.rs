@@ -3,6 +3,7 @@
 //! and comparing logits.
 
 pub mod convert;
+pub mod reference_backend;
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,6 @@
 //! The CUDA backend against the CPU backend on the same weights: tiny random
 //! models (Llama with GQA and untied head; Qwen3 with q/k norms and a wide
-//! head) and, when `SPINDLE_MODEL_GGUF` is set, SmolLM2-135M. For each: the
+//! head; Qwen2 with q/k/v biases) and, when `SPINDLE_MODEL_GGUF` is set, SmolLM2-135M. For each: the
 //! logits of a prefill (every position) and of decode steps agree within
 //! bf16 tolerance, and 32 greedy tokens agree (a step whose top-2 gap on
 //! the CPU is within twice the step's largest logit error is a near tie, not
@@ -339,7 +339,9 @@ fn tiny_models_match_the_cpu_backend() {
     qwen3.dtype = TinyDtype::Bf16;
     qwen3.head_dim = Some(32);
     qwen3.max_position = 1024;
-    for (name, opts) in [("tiny-llama", llama), ("tiny-qwen3", qwen3)] {
+    // Qwen2: q/k/v biases, added after their GEMMs.
+    let qwen2 = TinyModelOptions { max_position: 1024, ..TinyModelOptions::new(TinyArch::Qwen2) };
+    for (name, opts) in [("tiny-llama", llama), ("tiny-qwen3", qwen3), ("tiny-qwen2", qwen2)] {
         let dir = tmp.path().join(name);
         write_tiny_model(&opts, &dir).unwrap();
         compare(dir.to_str().unwrap(), &prompt, name);

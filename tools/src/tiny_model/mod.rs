@@ -22,6 +22,8 @@ pub enum TinyArch {
     Llama,
     /// `Qwen3ForCausalLM` (adds per-head q/k RMS norms).
     Qwen3,
+    /// `Qwen2ForCausalLM` (adds q/k/v biases).
+    Qwen2,
 }
 
 /// Element type of the written weights.
@@ -94,7 +96,7 @@ impl TinyModelOptions {
     pub fn new(arch: TinyArch) -> Self {
         let (rms_norm_eps, rope_theta) = match arch {
             TinyArch::Llama => (1e-5, 10_000.0),
-            TinyArch::Qwen3 => (1e-6, 1_000_000.0),
+            TinyArch::Qwen3 | TinyArch::Qwen2 => (1e-6, 1_000_000.0),
         };
         Self {
             arch,
@@ -178,6 +180,7 @@ fn config_json(o: &TinyModelOptions) -> Value {
     let (arch, model_type) = match o.arch {
         TinyArch::Llama => ("LlamaForCausalLM", "llama"),
         TinyArch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        TinyArch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
     };
     let mut c = json!({
         "architectures": [arch],
@@ -206,7 +209,7 @@ fn config_json(o: &TinyModelOptions) -> Value {
     });
     let extra = match o.arch {
         TinyArch::Llama => json!({"mlp_bias": false, "pretraining_tp": 1}),
-        TinyArch::Qwen3 => json!({"use_sliding_window": false, "sliding_window": null,
+        TinyArch::Qwen3 | TinyArch::Qwen2 => json!({"use_sliding_window": false, "sliding_window": null,
                                   "max_window_layers": o.layers}),
     };
     if let (Some(c), Value::Object(extra)) = (c.as_object_mut(), extra) {

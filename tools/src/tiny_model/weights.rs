@@ -98,6 +98,11 @@ pub(super) fn tensor_specs(o: &TinyModelOptions) -> Vec<TensorSpec> {
         v.push(linear(format!("{p}.self_attn.k_proj.weight"), kv, h));
         v.push(linear(format!("{p}.self_attn.v_proj.weight"), kv, h));
         v.push(linear(format!("{p}.self_attn.o_proj.weight"), h, q));
+        if o.arch == TinyArch::Qwen2 {
+            for (part, width) in [("q", q), ("k", kv), ("v", kv)] {
+                v.push(spec(format!("{p}.self_attn.{part}_proj.bias"), vec![width], Init::Normal(0.1)));
+            }
+        }
         if o.arch == TinyArch::Qwen3 {
             v.push(spec(
                 format!("{p}.self_attn.q_norm.weight"),
