@@ -13,9 +13,10 @@ const CONTEXT: usize = 128;
 
 fn seq(tokens: Vec<u32>, start: usize, table: &[u32]) -> SeqInput {
     SeqInput {
+        id: 0,
         tokens,
         start_pos: start,
-        block_table: table.to_vec(),
+        block_table: table.to_vec().into(),
         logits: LogitsRequest::None,
         sampling: Some(SeqSampling::default()),
     }

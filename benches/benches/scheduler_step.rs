@@ -41,12 +41,19 @@ fn tiny_tokenizer() -> Tokenizer {
 
 fn bench_step(c: &mut Criterion) {
     let tokenizer = tiny_tokenizer();
+    // Short contexts (the long-standing measurement), then 4k-token ones:
+    // a step's cost must not grow with the context.
+    bench_context(c, &tokenizer, 32, "scheduler_step/256_running");
+    bench_context(c, &tokenizer, 4096, "scheduler_step/256_running_4k_context");
+}
+
+fn bench_context(c: &mut Criterion, tokenizer: &Tokenizer, prompt_len: usize, name: &str) {
     let config = SchedulerConfig { max_num_seqs: SEQS, max_num_batched_tokens: 8192, ..SchedulerConfig::default() };
     let limits = ModelLimits { block_size: 16, num_blocks: 1 << 20, context_length: 1 << 20 };
     let mut scheduler = Scheduler::new(config, limits, Arc::new(Metrics::default()));
     let mut receivers = Vec::new();
     for i in 0..SEQS {
-        let prompt: Vec<u32> = (0..32).map(|t| ((t * 7 + i) % 250) as u32).collect();
+        let prompt: Vec<u32> = (0..prompt_len).map(|t| ((t * 7 + i) % 250) as u32).collect();
         let request = GenerationRequest {
             prompt,
             sampling: SamplingParams::default(),
@@ -67,7 +74,7 @@ fn bench_step(c: &mut Criterion) {
             break;
         }
     }
-    c.bench_function("scheduler_step/256_running", |b| {
+    c.bench_function(name, |b| {
         b.iter(|| {
             let Some(step) = scheduler.schedule() else {
                 let ev: Vec<_> = receivers[0].try_recv().into_iter().collect();

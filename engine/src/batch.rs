@@ -43,15 +43,47 @@ impl SeqSampling {
     }
 }
 
+/// Names a sequence across steps (the scheduler's request id).
+pub type SeqId = u64;
+
+/// A sequence's KV block table as a step carries it: whole, or as the
+/// blocks appended since the sequence's previous step, so a running
+/// sequence's step costs O(new blocks), not O(context).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlockTable {
+    /// The whole table (a new or resumed sequence, or one whose table
+    /// changed other than by appending); the executor keeps it under the
+    /// sequence's id.
+    Full(Vec<u32>),
+    /// Blocks to append to the table the executor kept from this
+    /// sequence's previous step.
+    Append(Vec<u32>),
+}
+
+impl Default for BlockTable {
+    fn default() -> Self {
+        Self::Full(Vec::new())
+    }
+}
+
+impl From<Vec<u32>> for BlockTable {
+    fn from(table: Vec<u32>) -> Self {
+        Self::Full(table)
+    }
+}
+
 /// One sequence's share of a forward step.
 #[derive(Debug, Clone, Default)]
 pub struct SeqInput {
+    /// The sequence, for tables kept across steps (any value where every
+    /// step sends [`BlockTable::Full`]).
+    pub id: SeqId,
     /// New token ids to run (a prefill chunk, or one decode token).
     pub tokens: Vec<u32>,
     /// Position of the first new token (= tokens already in the KV cache).
     pub start_pos: usize,
     /// Physical KV blocks covering positions `0..start_pos + tokens.len()`.
-    pub block_table: Vec<u32>,
+    pub block_table: BlockTable,
     /// Which logits to return.
     pub logits: LogitsRequest,
     /// Sample a token from the last position's logits, if set.

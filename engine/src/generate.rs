@@ -93,9 +93,10 @@ fn generate_inner(
         alloc.ensure(table, end, bs)?;
         let last = end == req.prompt.len();
         let seq = SeqInput {
+            id: 0,
             tokens: req.prompt[pos..end].to_vec(),
             start_pos: pos,
-            block_table: table.clone(),
+            block_table: table.clone().into(),
             logits: LogitsRequest::None,
             sampling: last.then(|| sampling.clone()),
         };
@@ -128,9 +129,10 @@ fn generate_inner(
         }
         alloc.ensure(table, pos + 1, bs)?;
         let seq = SeqInput {
+            id: 0,
             tokens: vec![tok.token],
             start_pos: pos,
-            block_table: table.clone(),
+            block_table: table.clone().into(),
             logits: LogitsRequest::None,
             sampling: Some(sampling.clone()),
         };

@@ -23,6 +23,10 @@ pub struct ExecutorInfo {
 pub trait Executor: Send {
     /// Run one step and sample where asked.
     fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput>;
+    /// Forget what was kept for these sequences (their block tables): they
+    /// finished, failed, were aborted or preempted. A later step names them
+    /// with a whole table again.
+    fn release(&mut self, _ids: &[crate::batch::SeqId]) {}
     /// The model's context window.
     fn context_length(&self) -> usize;
     /// The KV cache's shape: the scheduler allocates blocks of it.
@@ -122,6 +126,10 @@ fn mix(seed: u64, step: u64) -> u64 {
 impl<E: Executor + ?Sized> Executor for Box<E> {
     fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
         (**self).execute(batch)
+    }
+
+    fn release(&mut self, ids: &[crate::batch::SeqId]) {
+        (**self).release(ids);
     }
 
     fn context_length(&self) -> usize {

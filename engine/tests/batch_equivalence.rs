@@ -9,7 +9,7 @@ use spindle_engine::kv::BlockAllocator;
 use spindle_engine::runner::ModelRunner;
 
 fn seq(tokens: &[u32], start: usize, table: &[u32]) -> SeqInput {
-    SeqInput { tokens: tokens.to_vec(), start_pos: start, block_table: table.to_vec(), logits: LogitsRequest::All, sampling: None }
+    SeqInput { id: 0, tokens: tokens.to_vec(), start_pos: start, block_table: table.to_vec().into(), logits: LogitsRequest::All, sampling: None }
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {

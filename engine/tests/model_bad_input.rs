@@ -193,7 +193,7 @@ fn tiny_runner() -> ModelRunner {
 }
 
 fn seq(tokens: Vec<u32>, start_pos: usize, block_table: Vec<u32>) -> SeqInput {
-    SeqInput { tokens, start_pos, block_table, logits: LogitsRequest::All, sampling: None }
+    SeqInput { id: 0, tokens, start_pos, block_table: block_table.into(), logits: LogitsRequest::All, sampling: None }
 }
 
 fn execute(runner: &mut ModelRunner, s: SeqInput) -> Result<(), EngineError> {

@@ -33,7 +33,7 @@ fn all_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Vec<f32> {
     let mut alloc = BlockAllocator::new(runner.kv_geometry().num_blocks);
     let mut table = Vec::new();
     alloc.ensure(&mut table, prompt.len(), runner.kv_geometry().block_size).expect("blocks");
-    let seq = SeqInput { tokens: prompt.to_vec(), start_pos: 0, block_table: table, logits: LogitsRequest::All, sampling: None };
+    let seq = SeqInput { id: 0, tokens: prompt.to_vec(), start_pos: 0, block_table: table.into(), logits: LogitsRequest::All, sampling: None };
     runner.execute(&ForwardBatch { seqs: vec![seq] }).expect("forward").seqs.remove(0).logits
 }
 

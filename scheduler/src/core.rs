@@ -37,6 +37,8 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     metrics: Arc<Metrics>,
+    /// Sequences whose executor state (block tables) is to be dropped.
+    released: Vec<RequestId>,
 }
 
 impl Scheduler {
@@ -47,7 +49,7 @@ impl Scheduler {
             block_size: limits.block_size,
             enable_prefix_caching: config.enable_prefix_caching,
         });
-        Self { config, limits, kv, waiting: VecDeque::new(), running: Vec::new(), metrics }
+        Self { config, limits, kv, waiting: VecDeque::new(), running: Vec::new(), metrics, released: Vec::new() }
     }
 
     /// Whether any request is waiting or running.
@@ -72,6 +74,18 @@ impl Scheduler {
         self.metrics.try_enqueue(usize::MAX);
         self.add(seq);
         rx
+    }
+
+    /// Sequences that left the running set (finished, failed, aborted,
+    /// preempted) since the last call: the executor forgets their tables.
+    pub fn take_released(&mut self) -> Vec<RequestId> {
+        std::mem::take(&mut self.released)
+    }
+
+    /// Each running sequence's block table, as the scheduler holds it (for
+    /// tests that rebuild tables from the steps' deltas).
+    pub fn running_tables(&self) -> Vec<(RequestId, Vec<u32>)> {
+        self.running.iter().map(|s| (s.id, s.kv.blocks.clone())).collect()
     }
 
     /// The KV cache manager (for inspection).
@@ -111,7 +125,7 @@ impl Scheduler {
                 preempted = true;
                 continue;
             }
-            push_entry(step, &self.running[i], n);
+            push_entry(step, &mut self.running[i], n);
             *budget -= n;
             i += 1;
         }
@@ -138,7 +152,7 @@ impl Scheduler {
                 seq.started = true;
                 seq.send(GenerationEvent::Started { cached_tokens: seq.usage.cached_tokens });
             }
-            push_entry(step, &seq, n);
+            push_entry(step, &mut seq, n);
             *budget -= n;
             self.running.push(seq);
         }
@@ -146,6 +160,7 @@ impl Scheduler {
 
     fn preempt(&mut self, mut seq: Sequence) {
         self.kv.free(&mut seq.kv);
+        self.release(&mut seq);
         seq.num_computed = 0;
         self.metrics.preempted();
         self.waiting.push_front(seq);
@@ -181,6 +196,7 @@ impl Scheduler {
         for idx in retired.into_iter().rev() {
             let mut seq = self.running.remove(idx);
             self.kv.free(&mut seq.kv);
+            self.release(&mut seq);
         }
         self.publish_gauges();
     }
@@ -192,6 +208,7 @@ impl Scheduler {
                 let mut seq = self.running.remove(idx);
                 seq.send(GenerationEvent::Failed { message: message.to_string() });
                 self.kv.free(&mut seq.kv);
+                self.release(&mut seq);
             }
         }
         self.publish_gauges();
@@ -210,9 +227,17 @@ impl Scheduler {
             }
             seq.send(GenerationEvent::Failed { message: "aborted".into() });
             self.kv.free(&mut seq.kv);
+            self.release(&mut seq);
             self.metrics.aborted();
         }
         self.publish_gauges();
+    }
+
+    /// The executor is to forget `seq`'s table (if it was ever sent one).
+    fn release(&mut self, seq: &mut Sequence) {
+        if seq.sent_table.take().is_some() {
+            self.released.push(seq.id);
+        }
     }
 
     fn publish_gauges(&self) {
@@ -221,7 +246,7 @@ impl Scheduler {
     }
 }
 
-fn push_entry(step: &mut Step, seq: &Sequence, n: usize) {
+fn push_entry(step: &mut Step, seq: &mut Sequence, n: usize) {
     let start = seq.num_computed;
     let sampling = (start + n == seq.tokens.len()).then(|| SeqSampling {
         params: seq.sampling.clone(),
@@ -238,10 +263,12 @@ fn push_entry(step: &mut Step, seq: &Sequence, n: usize) {
             Vec::new()
         },
     });
+    let block_table = seq.table_for_step();
     step.batch.seqs.push(SeqInput {
+        id: seq.id,
         tokens: seq.tokens[start..start + n].to_vec(),
         start_pos: start,
-        block_table: seq.kv.blocks.clone(),
+        block_table,
         logits: LogitsRequest::None,
         sampling,
     });

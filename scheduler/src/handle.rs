@@ -228,14 +228,29 @@ fn apply(scheduler: &mut Scheduler, cmd: Command) {
     }
 }
 
+/// Tell the executor which sequences' tables to forget.
+fn release(scheduler: &mut Scheduler, runner: &mut impl Executor) {
+    let released = scheduler.take_released();
+    if !released.is_empty() {
+        runner.release(&released);
+    }
+}
+
 /// Run one step; false when nothing could be scheduled.
 fn run_step(scheduler: &mut Scheduler, runner: &mut impl Executor, metrics: &Metrics) -> bool {
-    let Some(step) = scheduler.schedule() else { return false };
+    let Some(step) = scheduler.schedule() else {
+        release(scheduler, runner);
+        return false;
+    };
+    // Before the step: a sequence preempted and re-admitted in this
+    // schedule is released first, then sent whole.
+    release(scheduler, runner);
     let started = Instant::now();
     match runner.execute(&step.batch) {
         Ok(output) => scheduler.update(&step, output),
         Err(e) => scheduler.fail(&step, &e.to_string()),
     }
+    release(scheduler, runner);
     metrics.record_step(started.elapsed(), step.plan.len());
     true
 }

@@ -28,6 +28,9 @@ pub(crate) struct Sequence {
     pub usage: Usage,
     /// `Started` was sent (only on first admission, not after preemption).
     pub started: bool,
+    /// What the executor holds of the block table since the last step: how
+    /// many blocks, at which count of table rewrites (`None`: nothing).
+    pub sent_table: Option<(usize, u64)>,
 }
 
 impl Sequence {
@@ -52,6 +55,7 @@ impl Sequence {
             output: OutputProcessor::new(tokenizer, request.stop),
             events,
             started: false,
+            sent_table: None,
         }
     }
 
@@ -63,6 +67,19 @@ impl Sequence {
     /// Generated tokens so far.
     pub fn output_tokens(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
+    }
+
+    /// The block table for this step: only the blocks appended since the
+    /// last step while the executor holds the rest, else the whole table.
+    pub fn table_for_step(&mut self) -> spindle_engine::batch::BlockTable {
+        use spindle_engine::batch::BlockTable;
+        let blocks = &self.kv.blocks;
+        let table = match self.sent_table {
+            Some((sent, rewrites)) if rewrites == self.kv.rewrites() && sent <= blocks.len() => BlockTable::Append(blocks[sent..].to_vec()),
+            _ => BlockTable::Full(blocks.clone()),
+        };
+        self.sent_table = Some((blocks.len(), self.kv.rewrites()));
+        table
     }
 
     /// Send an event; false when the receiver is gone (treated as an abort).

@@ -51,9 +51,10 @@ pub fn prompt_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Result<Vec<f32
     let mut table = Vec::new();
     alloc.ensure(&mut table, prompt.len(), runner.kv_geometry().block_size)?;
     let seq = SeqInput {
+        id: 0,
         tokens: prompt.to_vec(),
         start_pos: 0,
-        block_table: table,
+        block_table: table.into(),
         logits: LogitsRequest::All,
         sampling: None,
     };

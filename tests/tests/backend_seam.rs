@@ -17,7 +17,7 @@ use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyDtype, TinyModel
 const BLOCK: usize = 16;
 
 fn seq(tokens: Vec<u32>, start_pos: usize, table: &[u32], logits: LogitsRequest) -> SeqInput {
-    SeqInput { tokens, start_pos, block_table: table.to_vec(), logits, sampling: None }
+    SeqInput { id: 0, tokens, start_pos, block_table: table.to_vec().into(), logits, sampling: None }
 }
 
 /// Two steps: A's prefill (all logits) beside B's first chunk; then A's

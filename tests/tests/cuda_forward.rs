@@ -33,7 +33,7 @@ const BLOCKS: usize = 128;
 const BLOCK_SIZE: usize = 16;
 
 fn batch(tokens: Vec<u32>, start_pos: usize, table: &[u32], logits: LogitsRequest) -> ForwardBatch {
-    ForwardBatch { seqs: vec![SeqInput { tokens, start_pos, block_table: table.to_vec(), logits, sampling: None }] }
+    ForwardBatch { seqs: vec![SeqInput { id: 0, tokens, start_pos, block_table: table.to_vec().into(), logits, sampling: None }] }
 }
 
 fn argmax(row: &[f32]) -> (usize, f32) {
@@ -175,9 +175,10 @@ fn device_and_host_sampling_agree(gpu: &mut CudaModel, prompt: &[u32], label: &s
         gpu.forward(&batch(prompt[..len].to_vec(), 0, &tables[i], LogitsRequest::None)).expect("prefill");
     }
     let seq = |i: usize, tokens: Vec<u32>, start: usize| SeqInput {
+        id: 0,
         tokens,
         start_pos: start,
-        block_table: tables[i].clone(),
+        block_table: tables[i].clone().into(),
         logits: LogitsRequest::None,
         sampling: Some(SeqSampling { params: params[i].clone(), constraint: None, generated: 2, output_tokens: prompt[..lens[i]].to_vec(), prompt_tokens: prompt[..3].to_vec() }),
     };
@@ -226,7 +227,7 @@ fn graphs_match_eager(gpu: &mut CudaModel, prompt: &[u32], label: &str) {
         let seqs = lens
             .iter()
             .zip(&tables)
-            .map(|(&len, table)| SeqInput { tokens: vec![prompt[len + offset]], start_pos: len + offset, block_table: table.clone(), logits: LogitsRequest::Last, sampling: None })
+            .map(|(&len, table)| SeqInput { id: 0, tokens: vec![prompt[len + offset]], start_pos: len + offset, block_table: table.clone().into(), logits: LogitsRequest::Last, sampling: None })
             .collect();
         let step = ForwardBatch { seqs };
         gpu.backend_mut().set_cuda_graphs(false);
@@ -293,14 +294,14 @@ fn mixed_batch(cpu: &mut ModelRunner, gpu: &mut CudaModel, prompt: &[u32], label
     alloc.ensure(&mut ta, a.len(), BLOCK_SIZE).expect("blocks");
     alloc.ensure(&mut tb, b.len() + 1, BLOCK_SIZE).expect("blocks");
     let first = ForwardBatch { seqs: vec![
-        SeqInput { tokens: a[..20].to_vec(), start_pos: 0, block_table: ta.clone(), logits: LogitsRequest::None, sampling: None },
-        SeqInput { tokens: b.clone(), start_pos: 0, block_table: tb.clone(), logits: LogitsRequest::Last, sampling: None },
+        SeqInput { id: 0, tokens: a[..20].to_vec(), start_pos: 0, block_table: ta.clone().into(), logits: LogitsRequest::None, sampling: None },
+        SeqInput { id: 0, tokens: b.clone(), start_pos: 0, block_table: tb.clone().into(), logits: LogitsRequest::Last, sampling: None },
     ] };
     cpu.execute(&first).expect("cpu");
     gpu.forward(&first).expect("gpu");
     let second = ForwardBatch { seqs: vec![
-        SeqInput { tokens: a[20..].to_vec(), start_pos: 20, block_table: ta, logits: LogitsRequest::All, sampling: None },
-        SeqInput { tokens: vec![b[0]], start_pos: b.len(), block_table: tb, logits: LogitsRequest::Last, sampling: None },
+        SeqInput { id: 0, tokens: a[20..].to_vec(), start_pos: 20, block_table: ta.into(), logits: LogitsRequest::All, sampling: None },
+        SeqInput { id: 0, tokens: vec![b[0]], start_pos: b.len(), block_table: tb.into(), logits: LogitsRequest::Last, sampling: None },
     ] };
     let c = cpu.execute(&second).expect("cpu");
     let g = gpu.forward(&second).expect("gpu");

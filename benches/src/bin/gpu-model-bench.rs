@@ -114,7 +114,7 @@ fn decode_batches(model: &mut CudaModel) -> anyhow::Result<()> {
         for step in 0..12 {
             let seqs = tables
                 .iter()
-                .map(|t| SeqInput { tokens: vec![2], start_pos: CONTEXT + step, block_table: t.clone(), logits: LogitsRequest::None, sampling: greedy() })
+                .map(|t| SeqInput { id: 0, tokens: vec![2], start_pos: CONTEXT + step, block_table: t.clone().into(), logits: LogitsRequest::None, sampling: greedy() })
                 .collect();
             let start = Instant::now();
             model.forward_step(&ForwardBatch { seqs })?;
@@ -141,7 +141,7 @@ fn prefill(model: &mut CudaModel, tokens: usize) -> anyhow::Result<()> {
     let flops_per_token = model.layer_weight_bytes() as f64 + 2.0 * vocab_row / tokens as f64;
     let mut times = Vec::new();
     for _ in 0..3 {
-        let seqs = vec![SeqInput { tokens: vec![3; tokens], start_pos: 0, block_table: table.clone(), logits: LogitsRequest::Last, sampling: None }];
+        let seqs = vec![SeqInput { id: 0, tokens: vec![3; tokens], start_pos: 0, block_table: table.clone().into(), logits: LogitsRequest::Last, sampling: None }];
         let start = Instant::now();
         model.forward(&ForwardBatch { seqs })?;
         times.push(start.elapsed().as_secs_f64());

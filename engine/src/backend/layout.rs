@@ -41,9 +41,14 @@ pub struct StepLayout {
 
 impl StepLayout {
     /// The step's arrays for `batch` on a cache of `num_blocks` blocks of
-    /// `block_size`; a batch the model or the cache cannot take is an error.
-    pub fn new(c: &ModelConfig, block_size: usize, num_blocks: usize, batch: &ForwardBatch) -> Result<Self> {
-        let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0).max(1);
+    /// `block_size`, `tables[i]` being sequence `i`'s whole block table (as
+    /// the executor resolved it); a batch the model or the cache cannot take
+    /// is an error.
+    pub fn new(c: &ModelConfig, block_size: usize, num_blocks: usize, batch: &ForwardBatch, tables: &[&[u32]]) -> Result<Self> {
+        if tables.len() != batch.seqs.len() {
+            return Err(EngineError::InvalidBatch(format!("{} block tables for {} sequences", tables.len(), batch.seqs.len())));
+        }
+        let max_blocks = tables.iter().map(|t| t.len()).max().unwrap_or(0).max(1);
         let tokens = batch.num_tokens();
         let mut p = StepLayout {
             ids: Vec::with_capacity(tokens),
@@ -62,12 +67,12 @@ impl StepLayout {
         let decode_first = (0..batch.seqs.len()).filter(|&i| batch.seqs[i].tokens.len() == 1);
         let order: Vec<usize> = decode_first.chain((0..batch.seqs.len()).filter(|&i| batch.seqs[i].tokens.len() != 1)).collect();
         for (step_index, &i) in order.iter().enumerate() {
-            p.push_seq(c, num_blocks, batch, i, step_index)?;
+            p.push_seq(c, num_blocks, batch, tables[i], i, step_index)?;
         }
         Ok(p)
     }
 
-    fn push_seq(&mut self, c: &ModelConfig, num_blocks: usize, batch: &ForwardBatch, i: usize, step_index: usize) -> Result<()> {
+    fn push_seq(&mut self, c: &ModelConfig, num_blocks: usize, batch: &ForwardBatch, table: &[u32], i: usize, step_index: usize) -> Result<()> {
         let seq = &batch.seqs[i];
         let block_size = self.block_size;
         if seq.tokens.is_empty() {
@@ -80,21 +85,21 @@ impl StepLayout {
         if let Some(bad) = seq.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(EngineError::InvalidBatch(format!("token id {bad} is outside the vocabulary")));
         }
-        if end.div_ceil(block_size) > seq.block_table.len() {
-            return Err(EngineError::InvalidBatch(format!("block table of {} blocks does not cover position {}", seq.block_table.len(), end - 1)));
+        if end.div_ceil(block_size) > table.len() {
+            return Err(EngineError::InvalidBatch(format!("block table of {} blocks does not cover position {}", table.len(), end - 1)));
         }
-        if let Some(bad) = seq.block_table.iter().find(|&&b| b as usize >= num_blocks) {
+        if let Some(bad) = table.iter().find(|&&b| b as usize >= num_blocks) {
             return Err(EngineError::InvalidBatch(format!("block {bad} is outside the pool of {num_blocks}")));
         }
         let first_token = self.ids.len();
-        self.tables.extend(seq.block_table.iter().map(|&b| b as i32));
-        self.tables.resize(self.tables.len() + self.max_blocks - seq.block_table.len(), 0);
+        self.tables.extend(table.iter().map(|&b| b as i32));
+        self.tables.resize(self.tables.len() + self.max_blocks - table.len(), 0);
         self.start_pos.push(seq.start_pos as i32);
         for (j, &tok) in seq.tokens.iter().enumerate() {
             let pos = seq.start_pos + j;
             self.ids.push(tok);
             self.positions.push(pos);
-            self.slots.push((seq.block_table[pos / block_size] as usize * block_size + pos % block_size) as i64);
+            self.slots.push((table[pos / block_size] as usize * block_size + pos % block_size) as i64);
             self.seq_of.push(step_index);
         }
         self.q_starts.push(self.ids.len() as i32);
@@ -180,7 +185,12 @@ mod tests {
 
     fn seq(tokens: Vec<u32>, start_pos: usize, table: Vec<u32>, logits: LogitsRequest, sampled: bool) -> SeqInput {
         let sampling = sampled.then(|| SeqSampling { params: SamplingParams::default(), constraint: None, generated: 0, output_tokens: Vec::new(), prompt_tokens: Vec::new() });
-        SeqInput { tokens, start_pos, block_table: table, logits, sampling }
+        SeqInput { id: 0, tokens, start_pos, block_table: table.into(), logits, sampling }
+    }
+
+    /// Each sequence's table as sent whole.
+    fn full_tables(batch: &ForwardBatch) -> Vec<&[u32]> {
+        batch.seqs.iter().map(|s| match &s.block_table { crate::batch::BlockTable::Full(t) => t.as_slice(), crate::batch::BlockTable::Append(_) => &[][..] }).collect()
     }
 
     #[test]
@@ -193,7 +203,7 @@ mod tests {
             seq(vec![8, 9], 0, vec![6], LogitsRequest::None, false),
             seq(vec![10], 5, vec![3], LogitsRequest::Last, false),
         ] };
-        let p = StepLayout::new(&config(), 16, 8, &batch).unwrap();
+        let p = StepLayout::new(&config(), 16, 8, &batch, &full_tables(&batch)).unwrap();
         // Step order: seqs 1 and 3 (decode), then 0 and 2.
         assert_eq!(p.decode_seqs, 2);
         assert_eq!(p.ids, vec![7, 10, 1, 2, 3, 8, 9]);
@@ -220,11 +230,17 @@ mod tests {
     #[test]
     fn batches_the_cache_or_model_cannot_take_are_errors() {
         let c = config();
-        let bad = |s: SeqInput| StepLayout::new(&c, 16, 8, &ForwardBatch { seqs: vec![s] }).unwrap_err().to_string();
+        let bad = |s: SeqInput| {
+            let batch = ForwardBatch { seqs: vec![s] };
+            StepLayout::new(&c, 16, 8, &batch, &full_tables(&batch)).unwrap_err().to_string()
+        };
         assert!(bad(seq(vec![], 0, vec![0], LogitsRequest::None, false)).contains("no new tokens"));
         assert!(bad(seq(vec![100], 0, vec![0], LogitsRequest::None, false)).contains("outside the vocabulary"));
         assert!(bad(seq(vec![1; 17], 0, vec![0], LogitsRequest::None, false)).contains("does not cover"));
         assert!(bad(seq(vec![1], 0, vec![8], LogitsRequest::None, false)).contains("outside the pool"));
-        assert!(matches!(StepLayout::new(&c, 16, 8, &ForwardBatch { seqs: vec![seq(vec![1], 4096, vec![0; 257], LogitsRequest::None, false)] }), Err(EngineError::ContextLengthExceeded { .. })));
+        let long = ForwardBatch { seqs: vec![seq(vec![1], 4096, vec![0; 257], LogitsRequest::None, false)] };
+        assert!(matches!(StepLayout::new(&c, 16, 8, &long, &full_tables(&long)), Err(EngineError::ContextLengthExceeded { .. })));
+        let batch = ForwardBatch { seqs: vec![seq(vec![1], 0, vec![0], LogitsRequest::None, false)] };
+        assert!(StepLayout::new(&c, 16, 8, &batch, &[]).is_err(), "a table per sequence");
     }
 }

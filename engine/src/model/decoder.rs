@@ -7,7 +7,9 @@ use super::ops::Rope;
 use super::MatmulPrecision;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, KvGeometry, KvSize, StepLayout};
-use crate::batch::{ForwardBatch, StepOutput};
+use crate::batch::{BlockTable, ForwardBatch, SeqId, StepOutput};
+use crate::error::EngineError;
+use std::collections::HashMap;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::runner::{sample_outputs_with, Executor, ExecutorInfo};
@@ -19,6 +21,8 @@ pub struct Decoder<B: Backend> {
     rope: Rope,
     geometry: KvGeometry,
     device_sampling: bool,
+    /// Block tables kept across steps, by sequence (see [`BlockTable`]).
+    tables: HashMap<SeqId, Vec<u32>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Decoder<B> {
@@ -32,7 +36,7 @@ impl<B: Backend> Decoder<B> {
     /// in blocks of `block_size` tokens.
     pub fn with_backend(weights: LlamaWeights<B>, mut backend: B, kv: KvSize, block_size: usize) -> Result<Self> {
         let geometry = backend.allocate_kv(weights.config(), kv, block_size)?;
-        Ok(Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true })
+        Ok(Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true, tables: HashMap::new() })
     }
 
     /// The model's hyper-parameters.
@@ -106,7 +110,16 @@ impl<B: Backend> Decoder<B> {
 
     fn run(&mut self, batch: &ForwardBatch, device_sampling: bool) -> Result<(Vec<Vec<f32>>, Vec<crate::backend::Presampled>)> {
         let g = self.geometry;
-        let layout = StepLayout::new(self.weights.config(), g.block_size, g.num_blocks, batch)?;
+        self.update_tables(batch)?;
+        let tables: Vec<&[u32]> = batch
+            .seqs
+            .iter()
+            .map(|s| match &s.block_table {
+                BlockTable::Full(t) => t.as_slice(),
+                BlockTable::Append(_) => self.tables.get(&s.id).map_or(&[][..], Vec::as_slice),
+            })
+            .collect();
+        let layout = StepLayout::new(self.weights.config(), g.block_size, g.num_blocks, batch, &tables)?;
         let weights = &self.weights;
         let mut pass = |b: &mut B, ws: &mut crate::backend::Workspace<B>, step: &B::Step, rows: usize| weights.pass(b, ws, step, rows);
         let out = self.backend.run_step(batch, &layout, &self.rope, device_sampling, &mut pass)?;
@@ -114,7 +127,44 @@ impl<B: Backend> Decoder<B> {
     }
 }
 
+impl<B: Backend> Decoder<B> {
+    /// Keeps whole tables and applies appended blocks.
+    fn update_tables(&mut self, batch: &ForwardBatch) -> Result<()> {
+        for seq in &batch.seqs {
+            match &seq.block_table {
+                BlockTable::Full(t) => {
+                    let kept = self.tables.entry(seq.id).or_default();
+                    kept.clear();
+                    kept.extend_from_slice(t);
+                }
+                BlockTable::Append(new) => self
+                    .tables
+                    .get_mut(&seq.id)
+                    .ok_or_else(|| EngineError::InvalidBatch(format!("sequence {} appends blocks to a table this executor does not hold", seq.id)))?
+                    .extend_from_slice(new),
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the tables of `ids`.
+    pub fn release(&mut self, ids: &[SeqId]) {
+        for id in ids {
+            self.tables.remove(id);
+        }
+    }
+
+    /// Sequences whose tables are kept.
+    pub fn kept_tables(&self) -> usize {
+        self.tables.len()
+    }
+}
+
 impl<B: Backend + 'static> Executor for Decoder<B> {
+    fn release(&mut self, ids: &[SeqId]) {
+        Decoder::release(self, ids);
+    }
+
     fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
         Decoder::execute(self, batch)
     }
@@ -145,7 +195,7 @@ impl Decoder<CpuBackend> {
         let (weights, precision) = model.into_parts();
         let mut backend = CpuBackend::new(precision);
         let geometry = backend.attach_pool(weights.config(), num_blocks, block_size);
-        Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true }
+        Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true, tables: HashMap::new() }
     }
 
     /// Choose fast (8-bit activations) or exact (f32) quantized matmuls.

@@ -91,7 +91,7 @@ impl KvCacheManager {
         if self.seqs.get(seq).is_some() {
             return PrefixHit::default();
         }
-        seq.blocks.clear();
+        seq.clear_blocks();
         seq.handle = None;
         self.stats.prefix_query_tokens += tokens.len() as u64;
         if !self.enable_prefix_caching {
@@ -106,7 +106,7 @@ impl KvCacheManager {
         }
         let cached_tokens = blocks.len() * self.block_size;
         self.stats.prefix_hit_tokens += cached_tokens as u64;
-        seq.blocks.clone_from(&blocks);
+        seq.set_blocks(&blocks);
         let committed = blocks.len();
         self.seqs.insert(seq, SeqEntry::new(blocks, committed, chain));
         PrefixHit { cached_tokens }
@@ -143,7 +143,7 @@ impl KvCacheManager {
     pub fn allocate(&mut self, seq: &mut SeqKv, num_tokens: usize) -> Result<(), KvCacheError> {
         if self.seqs.get(seq).is_none() {
             // A fresh sequence, or a stale handle: it holds nothing.
-            seq.blocks.clear();
+            seq.clear_blocks();
             seq.handle = None;
         }
         let needed = self.blocks_needed(seq, num_tokens);
@@ -192,11 +192,11 @@ impl KvCacheManager {
         match self.seqs.get(seq) {
             Some(e) => {
                 if seq.blocks.len() != e.blocks.len() || seq.blocks.last() != e.blocks.last() {
-                    seq.blocks.clone_from(&e.blocks);
+                    seq.set_blocks(&e.blocks);
                 }
             }
             None => {
-                seq.blocks.clear();
+                seq.clear_blocks();
                 seq.handle = None;
             }
         }
@@ -220,7 +220,7 @@ impl KvCacheManager {
         }
         if changed {
             if let Some(e) = self.seqs.get(seq) {
-                seq.blocks.clone_from(&e.blocks);
+                seq.set_blocks(&e.blocks);
             }
         }
     }
@@ -235,7 +235,7 @@ impl KvCacheManager {
                 self.pool.release(b);
             }
         }
-        seq.blocks.clear();
+        seq.clear_blocks();
     }
 
     /// Blocks an allocation can get now: the free list plus evictable cached.

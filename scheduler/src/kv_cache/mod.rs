@@ -49,6 +49,35 @@ pub struct SeqKv {
     /// The block table: block `i` holds positions `i*block_size..(i+1)*block_size`.
     pub blocks: Vec<BlockId>,
     handle: Option<registry::SeqHandle>,
+    /// Bumped whenever `blocks` changes other than by appending (cleared,
+    /// replaced, or a committed block switched to a registered duplicate).
+    rewrites: u64,
+}
+
+impl SeqKv {
+    /// How many times the table changed other than by appending: while it
+    /// stays the same, the blocks past a known length are all that is new.
+    pub fn rewrites(&self) -> u64 {
+        self.rewrites
+    }
+
+    /// Replace the table with `new`, counting a rewrite unless `new` only
+    /// appends to it.
+    fn set_blocks(&mut self, new: &[BlockId]) {
+        if !new.starts_with(&self.blocks) {
+            self.rewrites += 1;
+        }
+        self.blocks.clear();
+        self.blocks.extend_from_slice(new);
+    }
+
+    /// Empty the table (a rewrite if it held anything).
+    fn clear_blocks(&mut self) {
+        if !self.blocks.is_empty() {
+            self.rewrites += 1;
+        }
+        self.blocks.clear();
+    }
 }
 
 /// The outcome of a prefix lookup.

@@ -208,3 +208,47 @@ impl Backend for CpuBackend {
         head.forward(&picked[..rows.len() * h], rows.len(), out, self.precision)
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn config() -> ModelConfig {
+        let json = serde_json::json!({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 3, "vocab_size": 100,
+            "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0});
+        ModelConfig::from_hf_json(&json).unwrap()
+    }
+
+    #[test]
+    fn the_kv_geometry_follows_the_size_asked_for() {
+        let c = config();
+        let mut b = CpuBackend::default();
+        assert_eq!(b.kv_geometry().num_blocks, 0, "nothing before allocation");
+        // 3 layers × 16 tokens × kv_dim 32 × (key + value) × 4 bytes.
+        let per_block = 3 * 16 * 32 * 2 * 4;
+        let g = b.allocate_kv(&c, KvSize::Blocks(7), 16).unwrap();
+        assert_eq!(g, KvGeometry { block_size: 16, num_blocks: 7, bytes_per_block: per_block });
+        assert_eq!(g.tokens(), 112);
+        let g = b.allocate_kv(&c, KvSize::Bytes(per_block * 5 + 1), 16).unwrap();
+        assert_eq!(g.num_blocks, 5);
+        assert!(b.allocate_kv(&c, KvSize::Bytes(per_block - 1), 16).is_err(), "a budget below one block is refused");
+        assert!(b.allocate_kv(&c, KvSize::MemoryFraction(0.5), 16).is_err(), "the CPU has no device memory fraction");
+    }
+
+    #[test]
+    fn the_workspace_is_reused_when_it_fits_and_grows_to_the_largest_step() {
+        let c = config();
+        let b = CpuBackend::default();
+        let ws = Workspace::reuse_or_grow(None, &b, &c, 8, 1).unwrap();
+        assert_eq!((ws.capacity, ws.logit_capacity, ws.x.len()), (8, 1, 8 * 64));
+        let ptr = ws.x.as_ptr();
+        let ws = Workspace::reuse_or_grow(Some(ws), &b, &c, 3, 1).unwrap();
+        assert_eq!(ws.x.as_ptr(), ptr, "a smaller step reuses the buffers");
+        let ws = Workspace::reuse_or_grow(Some(ws), &b, &c, 2, 4).unwrap();
+        assert_eq!((ws.capacity, ws.logit_capacity), (8, 4), "grown to cover both the old and the new step");
+        assert_eq!(ws.logits.len(), 4 * 100);
+        assert!(ws.q_normed.is_empty(), "no per-head norm buffers for Llama");
+    }
+}
