@@ -86,3 +86,25 @@ fn the_comparison_catches_a_backend_that_drops_the_qwen2_biases() {
     assert!(diff(&cpu[0][0], &biased[0][0]) < 1e-3);
     assert!(diff(&cpu[0][0], &unbiased[0][0]) > 1e-2, "the biases change the logits");
 }
+
+#[test]
+fn tables_sent_as_deltas_give_the_logits_of_whole_tables_and_are_released() {
+    use spindle_engine::batch::BlockTable;
+    let tmp = tempfile::tempdir().unwrap();
+    write_tiny_model(&TinyModelOptions::new(TinyArch::Llama), tmp.path()).unwrap();
+    let mut whole = open(tmp.path(), |_| Ok(CpuBackend::new(MatmulPrecision::Exact)));
+    let mut delta = open(tmp.path(), |_| Ok(CpuBackend::new(MatmulPrecision::Exact)));
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 31 + 3) % 300).collect();
+    let first = |table: BlockTable| ForwardBatch { seqs: vec![SeqInput { id: 7, tokens: prompt[..14].to_vec(), start_pos: 0, block_table: table, logits: LogitsRequest::Last, sampling: None }] };
+    let second = |table: BlockTable| ForwardBatch { seqs: vec![SeqInput { id: 7, tokens: prompt[14..].to_vec(), start_pos: 14, block_table: table, logits: LogitsRequest::All, sampling: None }] };
+    whole.forward(&first(BlockTable::Full(vec![3]))).unwrap();
+    delta.forward(&first(BlockTable::Full(vec![3]))).unwrap();
+    let want = whole.forward(&second(BlockTable::Full(vec![3, 6]))).unwrap();
+    let got = delta.forward(&second(BlockTable::Append(vec![6]))).unwrap();
+    assert_eq!(got, want, "an appended block gives the same step as the whole table");
+    assert_eq!(delta.kept_tables(), 1);
+    delta.release(&[7]);
+    assert_eq!(delta.kept_tables(), 0, "released");
+    let err = delta.forward(&second(BlockTable::Append(vec![6]))).unwrap_err().to_string();
+    assert!(err.contains("does not hold"), "appending to a released table is an error: {err}");
+}
