@@ -47,8 +47,12 @@ impl SeqSampling {
 pub type SeqId = u64;
 
 /// A sequence's KV block table as a step carries it: whole, or as the
-/// blocks appended since the sequence's previous step, so a running
-/// sequence's step costs O(new blocks), not O(context).
+/// blocks appended since the sequence's previous step, so what a running
+/// sequence sends per step is O(new blocks), not O(context). The executor
+/// keeps tables by [`SeqId`] until released (`Executor::release`); a step
+/// that fails leaves its sequences' kept tables undefined, so the caller
+/// releases them (the scheduler fails and releases every sequence of a
+/// failed step). Callers that never release should reuse ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BlockTable {
     /// The whole table (a new or resumed sequence, or one whose table

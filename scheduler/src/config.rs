@@ -38,10 +38,16 @@ pub struct ModelLimits {
 }
 
 impl ModelLimits {
-    /// The limits of `executor`.
+    /// The limits of `executor`. The context window is the model's, or
+    /// what the whole KV cache holds when that is less: a sequence alone can
+    /// then always grow to its end (it is never preempted for good).
     pub fn of(executor: &dyn Executor) -> Self {
         let g = executor.kv_geometry();
-        Self { block_size: g.block_size, num_blocks: g.num_blocks, context_length: executor.context_length() }
+        let cache_tokens = g.block_size * g.num_blocks;
+        if cache_tokens < executor.context_length() {
+            tracing::warn!("the KV cache holds {cache_tokens} tokens, less than the model's context of {}: sequences end there", executor.context_length());
+        }
+        Self { block_size: g.block_size, num_blocks: g.num_blocks, context_length: executor.context_length().min(cache_tokens) }
     }
 
     /// Tokens the KV cache holds.

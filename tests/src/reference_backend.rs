@@ -1,8 +1,10 @@
 //! A deliberately simple [`Backend`]: plain f32 loops, weights dequantized
 //! to f32 at load, a KV cache of one `Vec` per layer, attention written out
 //! position by position, nothing parallel and nothing fused. It shares no
-//! op with the CPU backend, so the same logits from both prove the seam
-//! (the generic layer loop and [`StepLayout`]) rather than either backend.
+//! op with the CPU backend, so the same logits from both prove the seam:
+//! that the generic layer loop asks every backend for the same math over
+//! the same [`StepLayout`] (the loop itself is checked against the numpy
+//! reference by `tiny_models_reference.rs` and `engine/tests/smollm2_reference.rs`).
 
 use spindle_engine::backend::{Backend, KvGeometry, KvSize, LinearJob, PassFn, Presampled, StepLayout, StepLogits, Workspace};
 use spindle_engine::batch::ForwardBatch;
@@ -96,16 +98,17 @@ impl Backend for ReferenceBackend {
         Ok(vec![0.0; rows * vocab])
     }
 
-    fn run_step(&mut self, batch: &ForwardBatch, layout: &StepLayout, rope: &Rope, _device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, _device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
         let c = self.config()?.clone();
         let half = c.head_dim / 2;
         let a = rope.angles(&layout.positions);
         let angles = (0..layout.num_rows()).map(|r| (0..half).map(|i| (a.cos()[r * half + i], a.sin()[r * half + i])).collect()).collect();
-        let step = RefStep { layout: layout.clone(), angles };
+        let (rows, logit_rows) = (layout.num_rows(), layout.rows.len());
+        let step = RefStep { layout, angles };
         // A fresh workspace every step: simplicity over speed.
-        let mut ws = Workspace::new(self, &c, layout.num_rows(), layout.rows.len())?;
-        pass(self, &mut ws, &step, layout.num_rows())?;
-        let logits = layout.split_logits(&ws.logits, c.vocab_size);
+        let mut ws = Workspace::new(self, &c, rows, logit_rows)?;
+        pass(self, &mut ws, &step, rows)?;
+        let logits = step.layout.split_logits(&ws.logits, c.vocab_size);
         Ok(StepLogits { logits, sampled: vec![Presampled::No; batch.seqs.len()] })
     }
 

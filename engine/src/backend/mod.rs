@@ -188,7 +188,7 @@ pub trait Backend: Sized + Send {
     /// Runs `pass` over the step `layout` (validated against this backend's
     /// cache) and returns each sequence's logits, or what the device sampled
     /// for it where `device_sampling` is on and it can.
-    fn run_step(&mut self, batch: &ForwardBatch, layout: &StepLayout, rope: &Rope, device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits>;
+    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits>;
 
     /// `out[r] = table[ids[r]]` for the step's token ids.
     fn embed(&self, out: &mut Self::Tensor, table: &Self::Weight, step: &Self::Step, rows: usize) -> Result<()>;

@@ -122,7 +122,7 @@ impl<B: Backend> Decoder<B> {
         let layout = StepLayout::new(self.weights.config(), g.block_size, g.num_blocks, batch, &tables)?;
         let weights = &self.weights;
         let mut pass = |b: &mut B, ws: &mut crate::backend::Workspace<B>, step: &B::Step, rows: usize| weights.pass(b, ws, step, rows);
-        let out = self.backend.run_step(batch, &layout, &self.rope, device_sampling, &mut pass)?;
+        let out = self.backend.run_step(batch, layout, &self.rope, device_sampling, &mut pass)?;
         Ok((out.logits, out.sampled))
     }
 }

@@ -20,7 +20,7 @@ pub enum Precision {
 }
 
 /// Tokens per KV block.
-const BLOCK_SIZE: usize = 16;
+pub const BLOCK_SIZE: usize = 16;
 
 /// Where and how the model runs.
 #[derive(Args, Clone, Debug)]

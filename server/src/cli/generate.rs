@@ -2,7 +2,7 @@
 //! rules and grammar compiler as the server, streamed to stdout; speeds to
 //! stderr.
 
-use crate::cli::engine::EngineArgs;
+use crate::cli::engine::{self, EngineArgs};
 use anyhow::Context;
 use clap::Args;
 use spindle_engine::sampling::SamplingParams;
@@ -63,12 +63,15 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let sampling = SamplingParams { temperature: args.temperature, top_p: args.top_p, top_k: args.top_k, seed: args.seed, ..SamplingParams::default() };
     sampling.validate()?;
     let schema = args.json_schema.as_deref().map(read_schema).transpose()?;
-    let spindle_engine::OpenedModel { executor, meta, .. } = args.engine.open(None)?;
+    // The prompt first, so the KV cache holds exactly this generation.
+    let meta = spindle_engine::load::load_meta(&args.engine.model)?;
     let prompt = if args.raw {
         meta.tokenizer.encode(&args.prompt, true)?
     } else {
         spindle_engine::load::chat_prompt(&meta.template, &meta.tokenizer, &args.prompt)?
     };
+    let blocks = (prompt.len() + args.max_tokens).min(meta.config.context_length).div_ceil(engine::BLOCK_SIZE) + 1;
+    let spindle_engine::OpenedModel { executor, meta, .. } = args.engine.open(Some(blocks))?;
     let info = ModelInfo::new(meta.location.name, meta.tokenizer, meta.template, meta.config.context_length, meta.config.vocab_size, 0);
     let constraint = match schema {
         Some(schema) => schema_constraint(&info, schema, &prompt)?,

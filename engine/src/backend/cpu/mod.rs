@@ -128,14 +128,14 @@ impl Backend for CpuBackend {
         Ok(vec![0f32; rows * vocab])
     }
 
-    fn run_step(&mut self, batch: &ForwardBatch, layout: &StepLayout, rope: &Rope, _device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, _device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
         let (rows, logit_rows) = (layout.num_rows(), layout.rows.len());
-        let step = CpuStep { angles: rope.angles(&layout.positions), rope: rope.clone(), layout: layout.clone() };
+        let step = CpuStep { angles: rope.angles(&layout.positions), rope: rope.clone(), layout };
         let config = self.config.as_ref().ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
+        let vocab = config.vocab_size;
         let mut ws = Workspace::reuse_or_grow(self.workspace.take(), self, config, rows, logit_rows)?;
         let result = pass(self, &mut ws, &step, rows);
-        let vocab = ws.logits.len() / ws.logit_capacity.max(1);
-        let logits = result.map(|()| layout.split_logits(&ws.logits[..logit_rows * vocab], vocab));
+        let logits = result.map(|()| step.layout.split_logits(&ws.logits[..logit_rows * vocab], vocab));
         self.workspace = Some(ws);
         Ok(StepLogits { logits: logits?, sampled: vec![Presampled::No; batch.seqs.len()] })
     }

@@ -31,10 +31,15 @@ pub(crate) struct Attention {
 /// Decode attention over a graph bucket's static tables (the shape is set
 /// per context bucket before each capture).
 pub(crate) struct GraphAttention {
+    /// The decode geometry of the current context bucket.
     pub(super) shape: DecodeShape,
+    /// Block tables, `[size, max graph blocks]`.
     pub(super) tables: CudaSlice<i32>,
+    /// Each row's context length.
     pub(super) context: CudaSlice<i32>,
+    /// Split-K partials for the largest context bucket.
     pub(super) scratch: Option<DecodeScratch>,
+    /// `1 / √head_dim`.
     pub(super) scale: f32,
 }
 

@@ -65,6 +65,11 @@ impl DecodeGraphs {
         self.buckets.iter().flatten().map(|b| b.graphs.len()).sum()
     }
 
+    /// Drops every graph and buffer (they were made for a cache that is gone).
+    pub(super) fn reset(&mut self) {
+        self.buckets.iter_mut().for_each(|b| *b = None);
+    }
+
     /// Turns graphs on or off (off drops every graph and buffer).
     pub(super) fn set_enabled(&mut self, on: bool) {
         self.enabled = on;

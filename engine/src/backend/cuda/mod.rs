@@ -80,13 +80,17 @@ pub struct GpuLinear {
 
 /// One step's inputs on the device (at least as many rows as the pass runs).
 pub struct CudaStep {
+    /// Token id of each row.
     pub(crate) ids: CudaSlice<u32>,
     /// Cache slot of each row's key and value (negative: not written).
     pub(crate) slots: CudaSlice<i64>,
-    /// RoPE tables, rows of head_dim / 2.
+    /// RoPE cosines, rows of head_dim / 2.
     pub(crate) cos: CudaSlice<f32>,
+    /// RoPE sines, rows of head_dim / 2.
     pub(crate) sin: CudaSlice<f32>,
+    /// The step's attention launches.
     pub(crate) attention: StepAttention,
+    /// Which rows go through the output head.
     pub(crate) logit_rows: LogitRows,
 }
 
@@ -249,6 +253,9 @@ impl Backend for CudaBackend {
             return Err(EngineError::Backend(format!("no room for a KV cache ({num_blocks} blocks of {block_size} tokens)")));
         }
         let per_layer = num_blocks * block_size * c.kv_dim();
+        // Graphs and buffers captured over the old cache must not outlive it.
+        self.graphs.reset();
+        self.workspace = None;
         self.k_cache.clear();
         self.v_cache.clear();
         for _ in 0..c.num_layers {
@@ -273,8 +280,8 @@ impl Backend for CudaBackend {
         Ok(self.gpu.stream.alloc_zeros::<f32>((rows * vocab).max(1))?)
     }
 
-    fn run_step(&mut self, batch: &ForwardBatch, layout: &StepLayout, rope: &Rope, device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
-        self.run(batch, layout, rope, device_sampling, pass)
+    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+        self.run(batch, &layout, rope, device_sampling, pass)
     }
 
     fn embed(&self, out: &mut CudaSlice<bf16>, table: &GpuLinear, step: &CudaStep, rows: usize) -> Result<()> {
