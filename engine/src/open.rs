@@ -136,38 +136,63 @@ fn choose_device(device: Device, built: bool, gpus: usize) -> Result<(Device, St
     }
 }
 
+/// A model's file or directory, opened once: its tensors and its metadata
+/// (config, tokenizer, chat template), so a caller can tokenize before it
+/// sizes the KV cache without reading the model twice.
+pub struct ModelFiles {
+    src: Box<dyn TensorSource>,
+    naming: WeightNaming,
+    /// The model's name, config, tokenizer and chat template.
+    pub meta: ModelMeta,
+}
+
+impl std::fmt::Debug for ModelFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelFiles").field("meta", &self.meta).finish_non_exhaustive()
+    }
+}
+
+impl ModelFiles {
+    /// Opens `model` (a path or a cached name).
+    pub fn load(model: &str) -> Result<Self> {
+        let location = resolve(model)?;
+        match location.format {
+            ModelFormat::Gguf => {
+                let file = GgufFile::open(&location.path)?;
+                let meta = load_meta_from(location, &file)?;
+                Ok(Self { src: Box::new(file), naming: WeightNaming::Gguf, meta })
+            }
+            ModelFormat::HfDir => {
+                let dir = HfModelDir::open(&location.path)?;
+                let meta = load_meta_from(location, &dir)?;
+                Ok(Self { src: Box::new(dir), naming: WeightNaming::Hf, meta })
+            }
+        }
+    }
+
+    /// Loads the weights onto `device` (see [`open`]).
+    pub fn open(self, device: Device, options: &EngineOptions, progress: Progress<'_>) -> Result<OpenedModel> {
+        let resolved = resolve_device(device)?;
+        let Self { src, naming, meta } = self;
+        if let Device::Cuda(ordinal) = resolved {
+            match backend::cuda_executor(ordinal, &meta, src.as_ref(), naming, options, progress) {
+                Ok(executor) => return Ok(OpenedModel { executor, meta, device: resolved }),
+                Err(e) if device == Device::Auto => tracing::warn!("device auto: cuda:{ordinal} cannot run this model ({e}); using the CPU"),
+                Err(e) => return Err(e),
+            }
+        }
+        let backend = CpuBackend::new(options.precision);
+        let kv = options.kv_blocks.map_or(KvSize::Bytes(options.cpu_kv_bytes), KvSize::Blocks);
+        let executor = assemble(backend, &meta, src.as_ref(), naming, kv, options, progress)?;
+        Ok(OpenedModel { executor, meta, device: Device::Cpu })
+    }
+}
+
 /// Opens `model` (a path or a cached name) on `device` with `options`.
 /// `Auto` falls back to the CPU, with a warning, when the GPU it chose
 /// cannot take the model; an explicit `cuda` never falls back.
 pub fn open(model: &str, device: Device, options: &EngineOptions, progress: Progress<'_>) -> Result<OpenedModel> {
-    let location = resolve(model)?;
-    let resolved = resolve_device(device)?;
-    match location.format {
-        ModelFormat::Gguf => {
-            let file = GgufFile::open(&location.path)?;
-            let meta = load_meta_from(location, &file)?;
-            open_on(meta, &file, WeightNaming::Gguf, device, resolved, options, progress)
-        }
-        ModelFormat::HfDir => {
-            let dir = HfModelDir::open(&location.path)?;
-            let meta = load_meta_from(location, &dir)?;
-            open_on(meta, &dir, WeightNaming::Hf, device, resolved, options, progress)
-        }
-    }
-}
-
-fn open_on(meta: ModelMeta, src: &dyn TensorSource, naming: WeightNaming, asked: Device, device: Device, options: &EngineOptions, progress: Progress<'_>) -> Result<OpenedModel> {
-    if let Device::Cuda(ordinal) = device {
-        match backend::cuda_executor(ordinal, &meta, src, naming, options, progress) {
-            Ok(executor) => return Ok(OpenedModel { executor, meta, device }),
-            Err(e) if asked == Device::Auto => tracing::warn!("device auto: cuda:{ordinal} cannot run this model ({e}); using the CPU"),
-            Err(e) => return Err(e),
-        }
-    }
-    let backend = CpuBackend::new(options.precision);
-    let kv = options.kv_blocks.map_or(KvSize::Bytes(options.cpu_kv_bytes), KvSize::Blocks);
-    let executor = assemble(backend, &meta, src, naming, kv, options, progress)?;
-    Ok(OpenedModel { executor, meta, device: Device::Cpu })
+    ModelFiles::load(model)?.open(device, options, progress)
 }
 
 /// Opens `model` (a path or a cached name) as a typed decoder on the backend
@@ -175,20 +200,7 @@ fn open_on(meta: ModelMeta, src: &dyn TensorSource, naming: WeightNaming, asked:
 /// of `block_size`: for tests and benchmarks that drive one backend
 /// directly (servers use [`open`]).
 pub fn open_decoder<B: Backend>(model: &str, make_backend: impl FnOnce(&crate::config::ModelConfig) -> Result<B>, kv: KvSize, block_size: usize) -> Result<(Decoder<B>, ModelMeta)> {
-    let location = resolve(model)?;
-    let (src, meta): (Box<dyn TensorSource>, ModelMeta) = match location.format {
-        ModelFormat::Gguf => {
-            let file = GgufFile::open(&location.path)?;
-            let meta = load_meta_from(location, &file)?;
-            (Box::new(file), meta)
-        }
-        ModelFormat::HfDir => {
-            let dir = HfModelDir::open(&location.path)?;
-            let meta = load_meta_from(location, &dir)?;
-            (Box::new(dir), meta)
-        }
-    };
-    let naming = if meta.location.format == ModelFormat::Gguf { WeightNaming::Gguf } else { WeightNaming::Hf };
+    let ModelFiles { src, naming, meta } = ModelFiles::load(model)?;
     let backend = make_backend(&meta.config)?;
     let weights = LlamaWeights::load(&backend, meta.config.clone(), src.as_ref(), naming, &mut |_, _| {})?;
     Ok((Decoder::with_backend(weights, backend, kv, block_size)?, meta))

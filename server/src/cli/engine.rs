@@ -7,6 +7,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::models::DEFAULT_MODEL;
+use spindle_engine::open::ModelFiles;
 use spindle_engine::{Device, EngineOptions, OpenedModel};
 use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
 
@@ -88,11 +89,16 @@ impl EngineArgs {
 
     /// Opens the model (with a progress bar on stderr).
     pub fn open(&self, kv_blocks: Option<usize>) -> anyhow::Result<OpenedModel> {
+        self.open_files(ModelFiles::load(&self.model)?, kv_blocks)
+    }
+
+    /// Loads the weights of an already opened model (with a progress bar).
+    pub fn open_files(&self, files: ModelFiles, kv_blocks: Option<usize>) -> anyhow::Result<OpenedModel> {
         let device = self.device()?;
         let bar = ProgressBar::new(0);
         bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")?.progress_chars("=> "));
         bar.set_message(self.model.clone());
-        let opened = spindle_engine::open(&self.model, device, &self.options(kv_blocks), &mut |done, total| {
+        let opened = files.open(device, &self.options(kv_blocks), &mut |done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         });
@@ -119,7 +125,6 @@ pub fn start(opened: OpenedModel, config: SchedulerConfig) -> Started {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use clap::Parser;
@@ -131,20 +136,23 @@ mod tests {
     }
 
     #[test]
-    fn flags_become_engine_options() {
-        let cli = Cli::try_parse_from(["x", "--device", "cuda:1", "--no-cuda-graphs", "--host-sampling", "--kv-cache-memory-mib", "64"]).unwrap();
+    fn flags_become_engine_options() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from(["x", "--device", "cuda:1", "--no-cuda-graphs", "--host-sampling", "--kv-cache-memory-mib", "64"])?;
         assert_eq!(cli.engine.device, Device::Cuda(1));
         let o = cli.engine.options(None);
         assert!(!o.cuda_graphs && !o.device_sampling && o.cublas);
         assert_eq!(o.cpu_kv_bytes, 64 << 20);
         assert!(Cli::try_parse_from(["x", "--device", "gpu"]).is_err(), "an unknown device is a usage error");
+        Ok(())
     }
 
     #[test]
-    fn exact_precision_is_a_cpu_mode() {
-        let cli = Cli::try_parse_from(["x", "--precision", "exact"]).unwrap();
-        assert_eq!(cli.engine.device().unwrap(), Device::Cpu);
-        let cli = Cli::try_parse_from(["x", "--precision", "exact", "--device", "cuda"]).unwrap();
-        assert!(cli.engine.device().unwrap_err().to_string().contains("CPU mode"));
+    fn exact_precision_is_a_cpu_mode() -> anyhow::Result<()> {
+        let cli = Cli::try_parse_from(["x", "--precision", "exact"])?;
+        assert_eq!(cli.engine.device()?, Device::Cpu);
+        let cli = Cli::try_parse_from(["x", "--precision", "exact", "--device", "cuda"])?;
+        let err = cli.engine.device().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("CPU mode"), "an explicit GPU with exact precision is an error: {err:?}");
+        Ok(())
     }
 }

@@ -64,14 +64,15 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     sampling.validate()?;
     let schema = args.json_schema.as_deref().map(read_schema).transpose()?;
     // The prompt first, so the KV cache holds exactly this generation.
-    let meta = spindle_engine::load::load_meta(&args.engine.model)?;
+    let files = spindle_engine::open::ModelFiles::load(&args.engine.model)?;
+    let meta = &files.meta;
     let prompt = if args.raw {
         meta.tokenizer.encode(&args.prompt, true)?
     } else {
         spindle_engine::load::chat_prompt(&meta.template, &meta.tokenizer, &args.prompt)?
     };
     let blocks = (prompt.len() + args.max_tokens).min(meta.config.context_length).div_ceil(engine::BLOCK_SIZE) + 1;
-    let spindle_engine::OpenedModel { executor, meta, .. } = args.engine.open(Some(blocks))?;
+    let spindle_engine::OpenedModel { executor, meta, .. } = args.engine.open_files(files, Some(blocks))?;
     let info = ModelInfo::new(meta.location.name, meta.tokenizer, meta.template, meta.config.context_length, meta.config.vocab_size, 0);
     let constraint = match schema {
         Some(schema) => schema_constraint(&info, schema, &prompt)?,
