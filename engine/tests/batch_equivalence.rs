@@ -19,7 +19,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn mixed_batch_matches_each_sequence_alone() {
-    let Some(path) = common::smollm2_path() else { return };
+    let path = spindle_testenv::smollm2_gguf();
     let model = common::load_smollm2(&path);
     let mut runner = ModelRunner::new(model, 64, 16);
     let mut alloc = BlockAllocator::new(64);

@@ -1,10 +1,9 @@
 //! The real SmolLM2-135M-Instruct Q4_1 GGUF, located through the
-//! `SPINDLE_MODEL_GGUF` environment variable; skipped (with a message) when
-//! unset or absent. Expected values come from the `gguf` Python package's
+//! `SPINDLE_MODEL_GGUF` environment variable; the tests fail when it is
+//! unset or names another file (`scripts/test.sh` fetches it). Expected values come from the `gguf` Python package's
 //! reader (`fixtures/dequant/smollm2_q4_1.json`, made by
 //! `tools/reference/make_dequant_fixtures.py`).
 
-use std::path::PathBuf;
 
 use spindle_engine::gguf::GgufFile;
 use spindle_engine::quant::{dequantize_row, dequantize_tensor};
@@ -16,28 +15,12 @@ fn fixture() -> serde_json::Value {
     serde_json::from_str(FIXTURE).expect("fixture is JSON")
 }
 
-/// The model, or `None` after printing why the test is skipped.
-fn model() -> Option<GgufFile> {
-    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF").map(PathBuf::from) else {
-        println!("skipped: SPINDLE_MODEL_GGUF is not set");
-        return None;
-    };
-    if !path.is_file() {
-        println!(
-            "skipped: SPINDLE_MODEL_GGUF={} does not exist",
-            path.display()
-        );
-        return None;
-    }
+/// The model; the test fails when it is not the fixture's file.
+fn model() -> GgufFile {
+    let path = spindle_testenv::smollm2_gguf();
     let expected = fixture()["file"].as_str().expect("file").to_owned();
-    if path.file_name().and_then(|n| n.to_str()) != Some(expected.as_str()) {
-        println!(
-            "skipped: SPINDLE_MODEL_GGUF={} is not {expected}",
-            path.display()
-        );
-        return None;
-    }
-    Some(GgufFile::open(&path).expect("model parses"))
+    assert_eq!(path.file_name().and_then(|n| n.to_str()), Some(expected.as_str()), "SPINDLE_MODEL_GGUF must be {expected}");
+    GgufFile::open(&path).expect("model parses")
 }
 
 fn floats(v: &serde_json::Value) -> Vec<f32> {
@@ -50,7 +33,7 @@ fn floats(v: &serde_json::Value) -> Vec<f32> {
 
 #[test]
 fn header_and_metadata() {
-    let Some(f) = model() else { return };
+    let f = model();
     let fx = fixture();
     assert_eq!(f.version(), 3);
     assert_eq!(f.tensor_infos().len(), 272);
@@ -86,7 +69,7 @@ fn header_and_metadata() {
 
 #[test]
 fn tensors_match_python_reader() {
-    let Some(f) = model() else { return };
+    let f = model();
     let fx = fixture();
     for t in fx["tensors"].as_array().expect("tensors") {
         let name = t["name"].as_str().expect("name");
@@ -124,7 +107,7 @@ fn tensors_match_python_reader() {
 
 #[test]
 fn every_tensor_is_in_bounds_and_dequantizes() {
-    let Some(f) = model() else { return };
+    let f = model();
     for info in f.tensor_infos() {
         let view = f.tensor(&info.name).expect("view");
         assert_eq!(

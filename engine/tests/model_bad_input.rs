@@ -363,14 +363,7 @@ fn a_truncated_tiny_gguf_is_invalid_gguf() {
 
 #[test]
 fn a_truncated_real_model_is_invalid_gguf() {
-    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF").map(PathBuf::from) else {
-        println!("skipped: SPINDLE_MODEL_GGUF is not set");
-        return;
-    };
-    if !path.is_file() {
-        println!("skipped: SPINDLE_MODEL_GGUF={} is not a file", path.display());
-        return;
-    }
+    let path = spindle_testenv::smollm2_gguf();
     let full = std::fs::read(&path).expect("read model");
     assert_truncations_invalid(&full, "SmolLM2 GGUF");
 }

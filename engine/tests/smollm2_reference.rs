@@ -78,7 +78,7 @@ fn check_prompt(runner: &mut ModelRunner, p: &Value, tol: f32, label: &str) {
 
 #[test]
 fn logits_match_the_numpy_reference() {
-    let Some(path) = common::smollm2_path() else { return };
+    let path = spindle_testenv::smollm2_gguf();
     let fx = fixture();
     let mut runner = ModelRunner::new(common::load_smollm2(&path), 16, 16);
     runner.set_precision(MatmulPrecision::Exact);
@@ -111,7 +111,7 @@ fn greedy(runner: &mut ModelRunner, case: &Value) -> Vec<u32> {
 
 #[test]
 fn exact_greedy_decoding_reproduces_the_reference_tokens() {
-    let Some(path) = common::smollm2_path() else { return };
+    let path = spindle_testenv::smollm2_gguf();
     let fx = fixture();
     let mut runner = ModelRunner::new(common::load_smollm2(&path), 32, 16);
     runner.set_precision(MatmulPrecision::Exact);
@@ -124,7 +124,7 @@ fn exact_greedy_decoding_reproduces_the_reference_tokens() {
 
 #[test]
 fn fast_greedy_decoding_follows_the_reference_until_a_near_tie() {
-    let Some(path) = common::smollm2_path() else { return };
+    let path = spindle_testenv::smollm2_gguf();
     let fx = fixture();
     let mut runner = ModelRunner::new(common::load_smollm2(&path), 32, 16);
     let case = &fx["greedy_long"];

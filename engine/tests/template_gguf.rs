@@ -7,7 +7,6 @@
 //! points at `SmolLM2-135M-Instruct.Q4_1.gguf`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 
 use serde_json::Value;
 use spindle_engine::chat_template::ChatTemplate;
@@ -46,11 +45,7 @@ fn fixture_template_renders_like_transformers() {
 
 #[test]
 fn gguf_template_renders_like_transformers() {
-    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF").filter(|p| !p.is_empty()) else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set");
-        return;
-    };
-    let file = GgufFile::open(&PathBuf::from(path)).unwrap();
+    let file = GgufFile::open(&spindle_testenv::smollm2_gguf()).unwrap();
     let source = gguf_chat_template(&file).expect("GGUF has tokenizer.chat_template");
     let fx = fixture();
     assert_eq!(source, fx["chat_template"].as_str().unwrap());

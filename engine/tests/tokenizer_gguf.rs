@@ -7,12 +7,11 @@
 //! there, and `ids` holds the llama.cpp / HF `tokenizer.json` result.
 //!
 //! Needs the real model: set `SPINDLE_MODEL_GGUF` to
-//! `SmolLM2-135M-Instruct.Q4_1.gguf`; without it the tests print
-//! `skipped: SPINDLE_MODEL_GGUF not set` and pass. The fixture is written by
+//! `SmolLM2-135M-Instruct.Q4_1.gguf` (`scripts/test.sh` does); without it
+//! the tests fail. The fixture is written by
 //! `tools/reference/make_tokenizer_reference.py`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 
 use serde_json::Value;
 use spindle_engine::gguf::GgufFile;
@@ -24,22 +23,12 @@ fn fixture() -> Value {
     serde_json::from_str(FIXTURE).expect("fixture is valid JSON")
 }
 
-fn model_path() -> Option<PathBuf> {
-    match std::env::var_os("SPINDLE_MODEL_GGUF") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            println!("skipped: SPINDLE_MODEL_GGUF not set");
-            None
-        }
-    }
-}
-
-fn load() -> Option<Tokenizer> {
-    let path = model_path()?;
+fn load() -> Tokenizer {
+    let path = spindle_testenv::smollm2_gguf();
     let file = GgufFile::open(&path).expect("open GGUF");
     let spec = gguf_tokenizer_spec(&file).expect("tokenizer spec");
     assert_eq!(spec.pre.as_deref(), Some("smollm"));
-    Some(Tokenizer::from_gguf_spec(spec).expect("build tokenizer"))
+    Tokenizer::from_gguf_spec(spec).expect("build tokenizer")
 }
 
 /// (text, reference ids, reference decode) for every fixture case.
@@ -65,7 +54,7 @@ fn cases(fx: &Value) -> Vec<(String, Vec<u32>, String)> {
 
 #[test]
 fn ids_match_reference() {
-    let Some(tok) = load() else { return };
+    let tok = load();
     let fx = fixture();
     assert_eq!(tok.vocab_size() as u64, fx["vocab_size"].as_u64().unwrap());
     let mut failures = Vec::new();
@@ -85,7 +74,7 @@ fn ids_match_reference() {
 
 #[test]
 fn divergent_cases_follow_llama_cpp_not_transformers_gguf() {
-    let Some(tok) = load() else { return };
+    let tok = load();
     let fx = fixture();
     let divergent: Vec<&Value> = fx["encode"]
         .as_array()
@@ -113,7 +102,7 @@ fn divergent_cases_follow_llama_cpp_not_transformers_gguf() {
 
 #[test]
 fn decode_round_trips_and_matches_reference() {
-    let Some(tok) = load() else { return };
+    let tok = load();
     for (text, ids, decoded) in cases(&fixture()) {
         let ours = tok
             .decode(&tok.encode(&text, true).unwrap(), false)
@@ -129,7 +118,7 @@ fn decode_round_trips_and_matches_reference() {
 
 #[test]
 fn special_tokens_match_reference() {
-    let Some(tok) = load() else { return };
+    let tok = load();
     let fx = fixture();
     let special = tok.special_tokens();
     assert_eq!(special.bos.as_deref(), fx["bos_token"].as_str());
@@ -144,7 +133,7 @@ fn special_tokens_match_reference() {
 
 #[test]
 fn incremental_decoder_reproduces_decode() {
-    let Some(tok) = load() else { return };
+    let tok = load();
     for (text, ids, _) in cases(&fixture()) {
         for skip_special in [false, true] {
             let mut dec = IncrementalDecoder::new(tok.clone(), skip_special);

@@ -3,8 +3,8 @@
 //! every delta stream against a brute-force reference.
 //!
 //! Most tests use a toy byte-level BPE tokenizer (`output_toy.rs`). The
-//! real-model tests need `SPINDLE_MODEL_GGUF` (SmolLM2's GGUF); without it
-//! they print `skipped: SPINDLE_MODEL_GGUF not set` and pass.
+//! real-model tests need `SPINDLE_MODEL_GGUF` (SmolLM2's GGUF, which
+//! `scripts/test.sh` fetches); without it they fail.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "output_toy.rs"]
@@ -469,17 +469,11 @@ fn random_streams_match_the_reference() {
 // ---------------------------------------------------------------------------
 // The real SmolLM2 tokenizer.
 
-fn real_tokenizer() -> Option<Tokenizer> {
-    let path = match std::env::var_os("SPINDLE_MODEL_GGUF") {
-        Some(p) if !p.is_empty() => std::path::PathBuf::from(p),
-        _ => {
-            println!("skipped: SPINDLE_MODEL_GGUF not set");
-            return None;
-        }
-    };
+fn real_tokenizer() -> Tokenizer {
+    let path = spindle_testenv::smollm2_gguf();
     let file = GgufFile::open(&path).expect("open GGUF");
     let spec = gguf_tokenizer_spec(&file).expect("tokenizer spec");
-    Some(Tokenizer::from_gguf_spec(spec).expect("build tokenizer"))
+    Tokenizer::from_gguf_spec(spec).expect("build tokenizer")
 }
 
 const REAL_TEXT: &str =
@@ -487,7 +481,7 @@ const REAL_TEXT: &str =
 
 #[test]
 fn real_tokenizer_stops() {
-    let Some(tok) = real_tokenizer() else { return };
+    let tok = real_tokenizer();
     let ids = tok.encode(REAL_TEXT, false).unwrap();
     assert_eq!(tok.decode(&ids, true).unwrap(), REAL_TEXT);
     let eos = tok.eos_ids().to_vec();
@@ -517,7 +511,7 @@ fn real_tokenizer_stops() {
 
 #[test]
 fn real_tokenizer_random_stops_match_the_reference() {
-    let Some(tok) = real_tokenizer() else { return };
+    let tok = real_tokenizer();
     let text = format!("{REAL_TEXT}<|im_end|> tail");
     let ids = tok.encode(&text, false).unwrap();
     let full = tok.decode(&ids, false).unwrap();

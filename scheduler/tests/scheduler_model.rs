@@ -9,12 +9,9 @@ use spindle_scheduler::output::StopConditions;
 use spindle_scheduler::{EventStream, GenerationEvent, GenerationRequest, SchedulerConfig, SchedulerHandle, Usage};
 use std::time::{Duration, Instant};
 
-fn model() -> Option<LoadedModel> {
-    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
-        return None;
-    };
-    Some(load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("load model"))
+fn model() -> LoadedModel {
+    let path = spindle_testenv::smollm2_gguf();
+    load_model(&path.to_string_lossy(), &mut |_, _| {}).expect("load model")
 }
 
 fn start(m: LoadedModel, num_blocks: usize, max_num_batched_tokens: usize) -> (SchedulerHandle, Vec<u32>) {
@@ -79,7 +76,7 @@ fn assert_pool_returned(h: &SchedulerHandle, total: usize) {
 
 #[test]
 fn concurrent_requests_match_their_solo_runs_even_when_preempted() {
-    let Some(m) = model() else { return };
+    let m = model();
     let prompts = prompts(&m);
     // 24 blocks = 384 token slots for 16 requests of ~40 + 24 tokens: forces preemption.
     let (h, stops) = start(m, 24, 256);
@@ -99,7 +96,7 @@ fn concurrent_requests_match_their_solo_runs_even_when_preempted() {
 
 #[test]
 fn multi_turn_conversation_hits_the_prefix_cache() {
-    let Some(m) = model() else { return };
+    let m = model();
     let system = "You are a meticulous assistant. ".repeat(48);
     let mut prompt = m
         .tokenizer
@@ -128,7 +125,7 @@ fn multi_turn_conversation_hits_the_prefix_cache() {
 
 #[test]
 fn dropping_a_stream_aborts_and_frees_its_blocks() {
-    let Some(m) = model() else { return };
+    let m = model();
     let p = prompts(&m);
     let (h, stops) = start(m, 64, 256);
     let mut s = h.submit(request(p[5].clone(), &stops, 200)).expect("submit");

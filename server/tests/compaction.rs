@@ -9,14 +9,14 @@ use serde_json::{json, Value};
 use spindle_server::app::Limits;
 
 async fn post(s: &common::Server, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{}{path}", s.base)).json(&body).send().await.expect("send");
+    let r = common::http().post(format!("{}{path}", s.base)).json(&body).send().await.expect("send");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test]
 async fn compaction_seals_a_summary_that_round_trips_as_input() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let (status, missing) = post(&s, "/v1/responses/compact", json!({"input": "hi"})).await;
     assert_eq!((status, missing["error"]["param"].clone()), (400, json!("model")), "{missing}");
 

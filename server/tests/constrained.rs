@@ -35,7 +35,7 @@ fn body(input: Value, extra: Value) -> Value {
 }
 
 async fn post(s: &common::Server, b: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(b).send().await.unwrap();
+    let r = common::http().post(format!("{}/v1/responses", s.base)).json(b).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
@@ -43,7 +43,7 @@ async fn post(s: &common::Server, b: &Value) -> (u16, Value) {
 async fn stream(s: &common::Server, b: &Value) -> Vec<Value> {
     let mut b = b.clone();
     b["stream"] = json!(true);
-    let text = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&b).send().await.unwrap().text().await.unwrap();
+    let text = common::http().post(format!("{}/v1/responses", s.base)).json(&b).send().await.unwrap().text().await.unwrap();
     text.split("\n\n")
         .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
         .filter(|d| *d != "[DONE]")
@@ -57,7 +57,7 @@ fn calls(response: &Value) -> Vec<&Value> {
 
 #[tokio::test]
 async fn two_parallel_calls_stream_in_order_name_first_then_argument_deltas() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let mut found = None;
     for seed in 0..24 {
         let b = body(json!("What is the weather in Paris, and the time in Tokyo?"),
@@ -110,7 +110,7 @@ async fn narrowing_allowed_tools_keeps_the_prompt_tokens_and_the_cache_hits() {
     // A previous_response_id chain, on two fresh servers: turn 2 unchanged vs narrowed.
     let mut usage = Vec::new();
     for choice in [json!("auto"), narrowed] {
-        let Some(s) = common::start(vec![], Limits::default()).await else { return };
+        let s = common::start(vec![], Limits::default()).await;
         let (status, first) = post(&s, &body(json!("Hello! I am planning a trip to Rome."), json!({"store": true}))).await;
         assert_eq!(status, 200, "{first}");
         let (status, second) = post(&s, &body(json!("What is the weather there?"),
@@ -126,7 +126,7 @@ async fn narrowing_allowed_tools_keeps_the_prompt_tokens_and_the_cache_hits() {
 
 #[tokio::test]
 async fn one_allowed_tool_and_a_request_for_another_never_emits_the_other() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let only_weather = json!({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_weather"}]});
     for seed in 0..8 {
         let b = body(json!("Send an email to bob@example.com telling him the report is ready."),
@@ -145,14 +145,24 @@ async fn one_allowed_tool_and_a_request_for_another_never_emits_the_other() {
 
 #[tokio::test]
 async fn json_object_output_parses_and_unenforceable_schemas_are_400s() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let b = json!({"model": "smollm2-135m-instruct", "input": "Describe a cat as JSON.", "max_output_tokens": 200, "temperature": 0,
                    "text": {"format": {"type": "json_object"}}});
     let (status, r) = post(&s, &b).await;
     assert_eq!(status, 200, "{r}");
-    if r["status"] == "completed" {
-        let text = r["output"][0]["content"][0]["text"].as_str().unwrap();
-        assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+    // The small model may ramble inside a string until the token limit: a
+    // completed answer is one JSON object, a cut one is the start of one
+    // (serde_json, not the server's grammar, says so: it ran out of input
+    // rather than meeting a wrong character).
+    let text = r["output"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(text.trim_start().starts_with('{'), "{text}");
+    match r["status"].as_str() {
+        Some("completed") => assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}"),
+        Some("incomplete") => {
+            let e = serde_json::from_str::<Value>(text).expect_err("a cut object cannot parse");
+            assert_eq!(e.classify(), serde_json::error::Category::Eof, "not a JSON prefix ({e}): {text}");
+        }
+        other => panic!("unexpected status {other:?}: {r}"),
     }
 
     let unenforceable = json!({"type": "object", "properties": {"a": {"type": "string"}}, "if": {"required": ["a"]}, "then": {}});

@@ -2,6 +2,8 @@
 //! same store, a completed response is served unchanged and a background
 //! response that was still running is reported `failed`, not `in_progress`.
 
+mod common;
+
 use serde_json::{json, Value};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,7 +26,7 @@ fn spawn(port: u16, store: &std::path::Path, model: &str) -> Child {
 async fn wait_ready(base: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        if let Ok(r) = reqwest::get(format!("{base}/ready")).await {
+        if let Ok(r) = common::http().get(format!("{base}/ready")).send().await {
             if r.status() == 200 {
                 return;
             }
@@ -36,10 +38,7 @@ async fn wait_ready(base: &str) {
 
 #[tokio::test]
 async fn stored_responses_survive_kill_9() {
-    let Some(model) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
-        return;
-    };
+    let model = spindle_testenv::smollm2_gguf();
     let model = model.to_string_lossy().to_string();
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("responses.sqlite3");
@@ -47,7 +46,7 @@ async fn stored_responses_survive_kill_9() {
     let base = format!("http://127.0.0.1:{port}");
     let mut daemon = spawn(port, &store, &model);
     wait_ready(&base).await;
-    let client = reqwest::Client::new();
+    let client = common::http();
     let done: Value = client
         .post(format!("{base}/v1/responses"))
         .json(&json!({"input": "Say hello.", "max_output_tokens": 16}))
@@ -71,14 +70,14 @@ async fn stored_responses_survive_kill_9() {
 
     let mut daemon = spawn(port, &store, &model);
     wait_ready(&base).await;
-    let again: Value = reqwest::get(format!("{base}/v1/responses/{}", done["id"].as_str().expect("id")))
+    let again: Value = common::http().get(format!("{base}/v1/responses/{}", done["id"].as_str().expect("id"))).send()
         .await
         .expect("get")
         .json()
         .await
         .expect("json");
     assert_eq!(again, done, "the stored response must come back unchanged");
-    let bg_again: Value = reqwest::get(format!("{base}/v1/responses/{}", bg["id"].as_str().expect("id")))
+    let bg_again: Value = common::http().get(format!("{base}/v1/responses/{}", bg["id"].as_str().expect("id"))).send()
         .await
         .expect("get")
         .json()

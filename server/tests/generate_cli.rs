@@ -46,11 +46,11 @@ fn schema() -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generate_matches_the_server_under_a_json_schema_and_honours_stop_strings() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
-    let model = std::env::var("SPINDLE_MODEL_GGUF").unwrap();
+    let s = common::start(vec![], Limits::default()).await;
+    let model = spindle_testenv::smollm2_gguf().to_string_lossy().into_owned();
     let body = json!({"model": "smollm2-135m-instruct", "input": PROMPT, "temperature": 0, "max_output_tokens": 40,
         "text": {"format": {"type": "json_schema", "name": "output", "schema": schema(), "strict": true}}});
-    let request = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).timeout(Duration::from_secs(120)).send();
+    let request = common::http().post(format!("{}/v1/responses", s.base)).json(&body).timeout(Duration::from_secs(120)).send();
     let r: Value = request.await.expect("send").json().await.expect("json");
     let served = r["output"][0]["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text in {r}")).to_string();
 

@@ -18,11 +18,11 @@ fn limits() -> Limits {
     Limits { max_body_bytes: 64 << 10, ..Limits::default() }
 }
 
-async fn start(keys: Vec<String>) -> Option<Server> {
+async fn start(keys: Vec<String>) -> Server {
     common::start(keys, limits()).await
 }
 
-async fn start_with_blocks(keys: Vec<String>, blocks: usize) -> Option<Server> {
+async fn start_with_blocks(keys: Vec<String>, blocks: usize) -> Server {
     common::start_custom(keys, limits(), blocks, |s| Arc::new(s)).await
 }
 
@@ -87,7 +87,7 @@ impl ResponseStore for SlowStore {
 }
 
 async fn post(s: &Server, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
+    let r = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
@@ -110,7 +110,7 @@ fn parse_sse(text: &str) -> Vec<(String, Value)> {
 
 #[tokio::test]
 async fn non_streaming_text_response_has_every_key() {
-    let Some(s) = start(vec![]).await else { return };
+    let s = start(vec![]).await;
     let (status, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "Say hello.", "max_output_tokens": 16, "metadata": {"k": "v"}})).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["object"], "response");
@@ -133,8 +133,8 @@ async fn non_streaming_text_response_has_every_key() {
 
 #[tokio::test]
 async fn streaming_text_follows_the_exact_event_order() {
-    let Some(s) = start(vec![]).await else { return };
-    let r = reqwest::Client::new()
+    let s = start(vec![]).await;
+    let r = common::http()
         .post(format!("{}/v1/responses", s.base))
         .json(&json!({"model": "smollm2-135m-instruct", "input": "Count to three.", "stream": true, "max_output_tokens": 24}))
         .send()
@@ -164,7 +164,7 @@ async fn streaming_text_follows_the_exact_event_order() {
 
 #[tokio::test]
 async fn bad_input_gets_the_error_shape() {
-    let Some(s) = start(vec![]).await else { return };
+    let s = start(vec![]).await;
     let model = "smollm2-135m-instruct";
     let cases: Vec<(Value, u16, Option<&str>)> = vec![
         (json!({"model": "nope", "input": "hi"}), 404, Some("model")),
@@ -192,15 +192,15 @@ async fn bad_input_gets_the_error_shape() {
             assert_eq!(r["error"]["param"], p, "{r}");
         }
     }
-    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).body("{not json").header("content-type", "application/json").send().await.expect("send");
+    let r = common::http().post(format!("{}/v1/responses", s.base)).body("{not json").header("content-type", "application/json").send().await.expect("send");
     assert_eq!(r.status(), 400);
-    let r = reqwest::get(format!("{}/v1/responses/resp_nope", s.base)).await.expect("get");
+    let r = common::http().get(format!("{}/v1/responses/resp_nope", s.base)).send().await.expect("get");
     assert_eq!(r.status(), 404);
 }
 
 #[tokio::test]
 async fn stored_responses_chain_and_can_be_deleted() {
-    let Some(s) = start(vec![]).await else { return };
+    let s = start(vec![]).await;
     let model = "smollm2-135m-instruct";
     let mut prev: Option<String> = None;
     let mut ids = Vec::new();
@@ -220,25 +220,25 @@ async fn stored_responses_chain_and_can_be_deleted() {
         ids.push(id.clone());
         prev = Some(id);
     }
-    let got: Value = reqwest::get(format!("{}/v1/responses/{}", s.base, ids[2])).await.expect("get").json().await.expect("json");
+    let got: Value = common::http().get(format!("{}/v1/responses/{}", s.base, ids[2])).send().await.expect("get").json().await.expect("json");
     assert_eq!(got["id"], ids[2]);
-    let items: Value = reqwest::get(format!("{}/v1/responses/{}/input_items", s.base, ids[1])).await.expect("get").json().await.expect("json");
+    let items: Value = common::http().get(format!("{}/v1/responses/{}/input_items", s.base, ids[1])).send().await.expect("get").json().await.expect("json");
     assert_eq!(items["object"], "list");
     assert!(!items["data"].as_array().expect("data").is_empty());
-    let del = reqwest::Client::new().delete(format!("{}/v1/responses/{}", s.base, ids[0])).send().await.expect("delete");
+    let del = common::http().delete(format!("{}/v1/responses/{}", s.base, ids[0])).send().await.expect("delete");
     assert_eq!(del.status(), 200);
-    let again = reqwest::get(format!("{}/v1/responses/{}", s.base, ids[0])).await.expect("get");
+    let again = common::http().get(format!("{}/v1/responses/{}", s.base, ids[0])).send().await.expect("get");
     assert_eq!(again.status(), 404);
 }
 
 #[tokio::test]
 async fn background_responses_can_be_polled_and_cancelled() {
-    let Some(s) = start(vec![]).await else { return };
+    let s = start(vec![]).await;
     let (status, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "background": true, "max_output_tokens": 2000})).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["status"], "queued");
     let id = r["id"].as_str().expect("id").to_string();
-    let cancel = reqwest::Client::new().post(format!("{}/v1/responses/{id}/cancel", s.base)).send().await.expect("cancel");
+    let cancel = common::http().post(format!("{}/v1/responses/{id}/cancel", s.base)).send().await.expect("cancel");
     assert_eq!(cancel.status(), 200);
     let body: Value = cancel.json().await.expect("json");
     assert_eq!(body["status"], "cancelled");
@@ -248,15 +248,20 @@ async fn background_responses_can_be_polled_and_cancelled() {
 
 #[tokio::test]
 async fn a_client_disconnect_frees_its_blocks() {
-    let Some(s) = start(vec![]).await else { return };
-    let mut r = reqwest::Client::new()
+    let s = start(vec![]).await;
+    let mut r = common::http()
         .post(format!("{}/v1/responses", s.base))
         .json(&json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "stream": true, "max_output_tokens": 2000}))
         .send()
         .await
         .expect("send");
-    let _ = r.chunk().await;
-    let _ = r.chunk().await;
+    // Read until the sequence holds blocks, so the check below cannot pass
+    // before the request was ever admitted.
+    let admitted = std::time::Instant::now() + Duration::from_secs(30);
+    while s.state.scheduler.check_kv().expect("kv").used == 0 {
+        assert!(std::time::Instant::now() < admitted, "the request never got KV blocks");
+        r.chunk().await.expect("chunk").expect("the stream ended before generation started");
+    }
     drop(r);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -271,23 +276,23 @@ async fn a_client_disconnect_frees_its_blocks() {
 
 #[tokio::test]
 async fn api_keys_are_required_when_configured() {
-    let Some(s) = start(vec!["sekret".into()]).await else { return };
-    let r = reqwest::Client::new().get(format!("{}/v1/models", s.base)).send().await.expect("send");
+    let s = start(vec!["sekret".into()]).await;
+    let r = common::http().get(format!("{}/v1/models", s.base)).send().await.expect("send");
     assert_eq!(r.status(), 401);
     let body: Value = r.json().await.expect("json");
     assert!(body["error"]["message"].is_string());
-    let r = reqwest::Client::new().get(format!("{}/v1/models", s.base)).bearer_auth("sekret").send().await.expect("send");
+    let r = common::http().get(format!("{}/v1/models", s.base)).bearer_auth("sekret").send().await.expect("send");
     assert_eq!(r.status(), 200);
-    let health = reqwest::get(format!("{}/health", s.base)).await.expect("health");
+    let health = common::http().get(format!("{}/health", s.base)).send().await.expect("health");
     assert_eq!(health.status(), 200);
-    let metrics = reqwest::get(format!("{}/metrics", s.base)).await.expect("metrics").text().await.expect("text");
+    let metrics = common::http().get(format!("{}/metrics", s.base)).send().await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("spindle_kv_blocks_free"));
 }
 
 #[tokio::test]
 async fn stored_streams_replay_from_a_sequence_number() {
-    let Some(s) = start(vec![]).await else { return };
-    let r = reqwest::Client::new()
+    let s = start(vec![]).await;
+    let r = common::http()
         .post(format!("{}/v1/responses", s.base))
         .json(&json!({"model": "smollm2-135m-instruct", "input": "Count to five.", "stream": true, "max_output_tokens": 16}))
         .send()
@@ -295,7 +300,7 @@ async fn stored_streams_replay_from_a_sequence_number() {
         .expect("send");
     let live = parse_sse(&r.text().await.expect("body"));
     let id = live[0].1["response"]["id"].as_str().expect("id").to_string();
-    let replay = reqwest::get(format!("{}/v1/responses/{id}?stream=true&starting_after=3", s.base))
+    let replay = common::http().get(format!("{}/v1/responses/{id}?stream=true&starting_after=3", s.base)).send()
         .await
         .expect("replay")
         .text()
@@ -311,14 +316,15 @@ async fn stored_streams_replay_from_a_sequence_number() {
 
 #[tokio::test]
 async fn truncation_auto_drops_the_oldest_turns_but_disabled_refuses() {
-    // 64 blocks of 16: the server can hold 1024 tokens, so ~300-token turns
-    // overflow after three turns.
-    let Some(s) = start_with_blocks(vec![], 64).await else { return };
+    // 64 blocks of 16: the server can hold 1024 tokens, so ~270-token turns
+    // overflow after three or four turns.
+    let s = start_with_blocks(vec![], 64).await;
     let model = "smollm2-135m-instruct";
-    let long = "lorem ipsum dolor sit amet ".repeat(60);
+    let long = "lorem ipsum dolor sit amet ".repeat(25);
+    let turn_text = |i: usize| format!("Marker{i}X. {long}");
     let mut prev: Option<String> = None;
-    for _ in 0..5 {
-        let mut body = json!({"model": model, "input": long, "max_output_tokens": 16, "truncation": "auto"});
+    for i in 0..5 {
+        let mut body = json!({"model": model, "input": turn_text(i), "max_output_tokens": 16, "truncation": "auto"});
         if let Some(p) = &prev {
             body["previous_response_id"] = json!(p);
         }
@@ -326,26 +332,43 @@ async fn truncation_auto_drops_the_oldest_turns_but_disabled_refuses() {
         assert_eq!(status, 200, "{r}");
         prev = r["id"].as_str().map(str::to_string);
     }
-    // Five turns of ~300 tokens exceed the 1024-token capacity: auto dropped old turns.
-    let body = json!({"model": model, "input": long, "max_output_tokens": 16, "previous_response_id": prev, "truncation": "disabled", "instructions": "Be brief."});
+    // Five turns of ~270 tokens exceed the 1024-token capacity: auto dropped old turns.
+    let body = json!({"model": model, "input": turn_text(5), "max_output_tokens": 16, "previous_response_id": prev, "truncation": "disabled", "instructions": "Be brief."});
     let (status, r) = post(&s, body).await;
     assert_eq!(status, 400, "{r}");
     assert_eq!(r["error"]["code"], "context_length_exceeded");
-    let body = json!({"model": model, "input": long, "max_output_tokens": 16, "previous_response_id": prev, "truncation": "auto", "instructions": "Be brief."});
+    let body = json!({"model": model, "input": turn_text(5), "max_output_tokens": 16, "previous_response_id": prev, "truncation": "auto", "instructions": "Be brief."});
+    // The prompt the server builds for this request: the newest turns and the
+    // new input survive, the oldest are gone, the instructions stay.
+    let request = spindle_server::protocol::validate(body.clone(), &spindle_server::protocol::RequestLimits::default()).expect("valid");
+    let history = spindle_server::app::turn::history(&s.state, prev.as_deref()).expect("history");
+    let prompt = spindle_server::app::turn::prepare(&s.state, &request, history).expect("prepared").prompt;
+    let text = s.state.model.tokenizer.decode(&prompt, false).expect("decode");
+    // The user turns in the prompt, by their markers (outputs may echo a marker).
+    let kept: Vec<usize> = text
+        .split("<|im_start|>user\n")
+        .skip(1)
+        .filter_map(|turn| turn.strip_prefix("Marker")?.split_once('X')?.0.parse().ok())
+        .collect();
+    assert_eq!(kept.last(), Some(&5), "the new input survives: {kept:?}");
+    assert!(kept.len() >= 2 && kept[0] >= 1, "some old turns dropped, the newest kept: {kept:?}");
+    assert_eq!(kept, (kept[0]..=5).collect::<Vec<_>>(), "the survivors are the newest turns, in order");
+    assert!(text.contains("Be brief."), "the instructions survive truncation");
     let (status, r) = post(&s, body).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["instructions"], "Be brief.");
+    assert_eq!(r["usage"]["input_tokens"].as_u64(), Some(prompt.len() as u64), "{r}");
 }
 
 #[tokio::test]
 async fn ops_routes_report_the_model_and_metrics() {
-    let Some(s) = start(vec![]).await else { return };
-    let models: Value = reqwest::get(format!("{}/v1/models", s.base)).await.expect("models").json().await.expect("json");
+    let s = start(vec![]).await;
+    let models: Value = common::http().get(format!("{}/v1/models", s.base)).send().await.expect("models").json().await.expect("json");
     assert_eq!(models["data"][0]["id"], "smollm2-135m-instruct");
-    assert_eq!(reqwest::get(format!("{}/ready", s.base)).await.expect("ready").status(), 200);
+    assert_eq!(common::http().get(format!("{}/ready", s.base)).send().await.expect("ready").status(), 200);
     let (status, _) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "hi", "max_output_tokens": 16})).await;
     assert_eq!(status, 200);
-    let m = reqwest::get(format!("{}/metrics", s.base)).await.expect("metrics").text().await.expect("text");
+    let m = common::http().get(format!("{}/metrics", s.base)).send().await.expect("metrics").text().await.expect("text");
     for name in [
         "spindle_requests_total{route=\"/v1/responses\",status=\"200\"} 1",
         "spindle_time_to_first_token_seconds_count 1",
@@ -364,8 +387,8 @@ async fn ops_routes_report_the_model_and_metrics() {
 /// the stored response: the terminal events are sent after the store write.
 #[tokio::test]
 async fn a_streamed_response_is_stored_before_its_terminal_event() {
-    let Some(s) = common::start_custom(vec![], limits(), 256, |s| Arc::new(SlowStore(s))).await else { return };
-    let http = reqwest::Client::new();
+    let s = common::start_custom(vec![], limits(), 256, |s| Arc::new(SlowStore(s))).await;
+    let http = common::http();
     for round in 0..2 {
         let mut r = http
             .post(format!("{}/v1/responses", s.base))
@@ -384,4 +407,61 @@ async fn a_streamed_response_is_stored_before_its_terminal_event() {
         assert_eq!(got.status().as_u16(), 200, "round {round}: {id} not yet stored when its stream completed");
         drop(r);
     }
+}
+
+/// Waits until the KV pool is empty again; fails after `secs` seconds.
+async fn assert_blocks_freed(s: &Server, secs: u64, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while s.state.scheduler.check_kv().expect("kv").used > 0 {
+        assert!(std::time::Instant::now() < deadline, "{what}: blocks still held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_request_past_the_time_limit_fails_and_frees_its_blocks() {
+    let s = common::start(vec![], Limits { request_timeout: Duration::from_millis(500), ..limits() }).await;
+    let started = std::time::Instant::now();
+    let body = json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "max_output_tokens": 2000, "temperature": 0, "store": true});
+    let (status, r) = post(&s, body).await;
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["status"], "failed", "{r}");
+    assert!(r["error"]["message"].as_str().is_some_and(|m| m.contains("time limit")), "{r}");
+    assert!(took < Duration::from_secs(20), "the time limit did not stop generation: {took:?}");
+    let tokens = r["usage"]["output_tokens"].as_u64().unwrap_or(0);
+    assert!(tokens < 2000, "stopped early: {tokens} tokens");
+    assert_blocks_freed(&s, 5, "after the time limit").await;
+    // Stored as it ended: failed, not in progress.
+    let got: Value = common::http().get(format!("{}/v1/responses/{}", s.base, r["id"].as_str().unwrap())).send().await.expect("get").json().await.expect("json");
+    assert_eq!(got["status"], "failed", "{got}");
+}
+
+#[tokio::test]
+async fn draining_ends_an_in_flight_stream_with_a_terminal_event() {
+    let s = start(vec![]).await;
+    let mut r = common::http()
+        .post(format!("{}/v1/responses", s.base))
+        .json(&json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "stream": true, "max_output_tokens": 2000}))
+        .send()
+        .await
+        .expect("send");
+    let mut text = String::new();
+    let admitted = std::time::Instant::now() + Duration::from_secs(30);
+    while !text.contains("response.output_text.delta") {
+        assert!(std::time::Instant::now() < admitted, "generation never started: {text}");
+        let chunk = r.chunk().await.expect("chunk").expect("the stream ended before generating");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    s.state.draining.send_replace(true);
+    while let Some(chunk) = r.chunk().await.expect("chunk") {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let events = parse_sse(&text);
+    let (last, data) = events.last().expect("events");
+    assert_eq!(last, "response.failed", "the drained stream ends with one terminal event");
+    assert!(data["response"]["error"]["message"].as_str().is_some_and(|m| m.contains("shutting down")), "{data}");
+    let terminals = events.iter().filter(|(e, _)| matches!(e.as_str(), "response.completed" | "response.failed" | "response.incomplete")).count();
+    assert_eq!(terminals, 1);
+    assert_blocks_freed(&s, 5, "after draining").await;
 }

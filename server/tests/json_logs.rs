@@ -2,16 +2,15 @@
 //! object, and the access line carries the request id, route and status.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn logs_are_one_json_object_per_line() {
-    let Some(model) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
-        return;
-    };
+    let model = spindle_testenv::smollm2_gguf();
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap();
     let log = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
@@ -27,14 +26,21 @@ async fn logs_are_one_json_object_per_line() {
         .unwrap();
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !reqwest::get(format!("{base}/ready")).await.is_ok_and(|r| r.status() == 200) {
+    while !common::http().get(format!("{base}/ready")).send().await.is_ok_and(|r| r.status() == 200) {
         assert!(Instant::now() < deadline, "daemon did not become ready");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let r = reqwest::get(format!("{base}/v1/models")).await.unwrap();
+    let r = common::http().get(format!("{base}/v1/models")).send().await.unwrap();
     let request_id = r.headers()["x-request-id"].to_str().unwrap().to_string();
     let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
-    let _ = daemon.wait();
+    let stopped = Instant::now() + Duration::from_secs(30);
+    while daemon.try_wait().unwrap().is_none() {
+        if Instant::now() > stopped {
+            let _ = daemon.kill();
+            panic!("the daemon did not exit within 30 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let text = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
     let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
     assert!(lines.len() >= 3, "{text}");

@@ -16,7 +16,7 @@ fn body(text: &str) -> Value {
 }
 
 async fn post(s: &common::Server, b: &Value, headers: &[(&str, &str)]) -> (u16, String, Value) {
-    let mut r = reqwest::Client::new().post(format!("{}/lmsp/v1/responses", s.base)).json(b);
+    let mut r = common::http().post(format!("{}/lmsp/v1/responses", s.base)).json(b);
     for (k, v) in headers {
         r = r.header(*k, *v);
     }
@@ -35,7 +35,7 @@ fn assert_problem(status: u16, ct: &str, p: &Value, want_status: u16, code: &str
 
 #[tokio::test]
 async fn responses_streams_and_problems_have_the_seed_shapes() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let (status, ct, r) = post(&s, &body("Describe a local model service in one sentence."), &[("LMSP-Version", "1.0")]).await;
     assert_eq!((status, ct.as_str()), (200, "application/json"), "{r}");
     assert_eq!(r["object"], "response");
@@ -50,7 +50,7 @@ async fn responses_streams_and_problems_have_the_seed_shapes() {
     // Streaming: integer ids 1..n, the seed's event data.
     let mut b = body("Say hello.");
     b["stream"] = json!(true);
-    let text = reqwest::Client::new().post(format!("{}/lmsp/v1/responses", s.base)).json(&b).send().await.unwrap().text().await.unwrap();
+    let text = common::http().post(format!("{}/lmsp/v1/responses", s.base)).json(&b).send().await.unwrap().text().await.unwrap();
     let mut ids = Vec::new();
     let mut names = Vec::new();
     for frame in text.split("\n\n").filter(|f| !f.trim().is_empty()) {
@@ -86,19 +86,19 @@ async fn responses_streams_and_problems_have_the_seed_shapes() {
     let mut stored = body("Remember this.");
     stored["store"] = json!(true);
     let (_, _, saved) = post(&s, &stored, &[]).await;
-    let got: Value = reqwest::get(format!("{}/lmsp/v1/responses/{}", s.base, saved["id"].as_str().unwrap())).await.unwrap().json().await.unwrap();
+    let got: Value = common::http().get(format!("{}/lmsp/v1/responses/{}", s.base, saved["id"].as_str().unwrap())).send().await.unwrap().json().await.unwrap();
     assert_eq!(got["id"], saved["id"]);
-    let r = reqwest::get(format!("{}/lmsp/v1/responses/resp_nope", s.base)).await.unwrap();
+    let r = common::http().get(format!("{}/lmsp/v1/responses/resp_nope", s.base)).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 404);
     assert_eq!(r.json::<Value>().await.unwrap()["code"], "response_not_found");
-    let caps: Value = reqwest::get(format!("{}/lmsp/v1/capabilities", s.base)).await.unwrap().json().await.unwrap();
+    let caps: Value = common::http().get(format!("{}/lmsp/v1/capabilities", s.base)).send().await.unwrap().json().await.unwrap();
     assert!(caps["capabilities"].as_array().unwrap().contains(&json!("streaming")), "{caps}");
 }
 
 #[tokio::test]
 async fn ten_concurrent_duplicates_get_one_generation() {
-    let Some(s) = common::start(vec!["k1".into()], Limits::default()).await else { return };
-    let unauthorized = reqwest::Client::new().post(format!("{}/lmsp/v1/responses", s.base)).json(&body("x")).send().await.unwrap();
+    let s = common::start(vec!["k1".into()], Limits::default()).await;
+    let unauthorized = common::http().post(format!("{}/lmsp/v1/responses", s.base)).json(&body("x")).send().await.unwrap();
     assert_eq!(unauthorized.status().as_u16(), 401);
     assert_eq!(unauthorized.headers()["content-type"], "application/problem+json");
 
@@ -108,7 +108,7 @@ async fn ten_concurrent_duplicates_get_one_generation() {
         let b = b.clone();
         let base = s.base.clone();
         async move {
-            let r = reqwest::Client::new()
+            let r = common::http()
                 .post(format!("{base}/lmsp/v1/responses"))
                 .bearer_auth("k1")
                 .header("Idempotency-Key", "01J8M5T7Z2K4N6Q8S0V3X5B9DG")
@@ -126,7 +126,7 @@ async fn ten_concurrent_duplicates_get_one_generation() {
     let after = s.state.scheduler.metrics().snapshot().prefix_query_tokens;
     assert_eq!(after - before, response["usage"]["input_tokens"].as_u64().unwrap(), "exactly one prompt reached the scheduler");
 
-    let other = reqwest::Client::new()
+    let other = common::http()
         .post(format!("{}/lmsp/v1/responses", s.base))
         .bearer_auth("k1")
         .header("Idempotency-Key", "01J8M5T7Z2K4N6Q8S0V3X5B9DG")

@@ -26,7 +26,7 @@ fn task_body(text: &str, max_tokens: u32) -> Value {
 }
 
 async fn create_task(s: &common::Server, body: &Value) -> Value {
-    let r = reqwest::Client::new().post(format!("{}/lmsp/v1/tasks", s.base)).json(body).send().await.unwrap();
+    let r = common::http().post(format!("{}/lmsp/v1/tasks", s.base)).json(body).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let task: Value = r.json().await.unwrap();
     assert_eq!((task["object"].as_str(), task["status"].as_str()), (Some("task"), Some("in_progress")), "{task}");
@@ -34,7 +34,7 @@ async fn create_task(s: &common::Server, body: &Value) -> Value {
 }
 
 async fn get_task(s: &common::Server, id: &str) -> Value {
-    reqwest::Client::new().get(format!("{}/lmsp/v1/tasks/{id}", s.base)).send().await.unwrap().json().await.unwrap()
+    common::http().get(format!("{}/lmsp/v1/tasks/{id}", s.base)).send().await.unwrap().json().await.unwrap()
 }
 
 /// Parses the complete frames at the front of `buf` (comments skipped).
@@ -62,9 +62,24 @@ enum Resume {
     Both,
 }
 
-/// Reads events after `after` until `stop_at` (then drops the connection) or the terminal event.
+/// Reads events after `after` until `stop_at` (then drops the connection) or
+/// the terminal event; the end of the stream before either fails the test.
 async fn read(s: &common::Server, task: &str, after: u64, how: Resume, stop_at: Option<u64>) -> Vec<Event> {
-    let mut req = reqwest::Client::new().get(format!("{}/lmsp/v1/tasks/{task}/events", s.base));
+    let (got, ended) = read_stream(s, task, after, how, stop_at).await;
+    assert!(!ended, "the event stream after {after} ended before {stop_at:?} or a terminal event; got {} events", got.len());
+    got
+}
+
+/// Reads after the task's last event: the server ends the stream with nothing in it.
+async fn read_past_the_end(s: &common::Server, task: &str, last: u64, how: Resume) {
+    let (got, ended) = read_stream(s, task, last, how, None).await;
+    assert!(ended && got.is_empty(), "nothing after the last event, and the stream ends: {got:?}");
+}
+
+/// Events after `after` until `stop_at`, a terminal event, or the end of
+/// the stream (then `true`); the client's request deadline bounds the read.
+async fn read_stream(s: &common::Server, task: &str, after: u64, how: Resume, stop_at: Option<u64>) -> (Vec<Event>, bool) {
+    let mut req = common::http().get(format!("{}/lmsp/v1/tasks/{task}/events", s.base));
     req = match how {
         Resume::Header => req.header("Last-Event-ID", after.to_string()),
         Resume::Query => req.query(&[("after", after)]),
@@ -80,11 +95,11 @@ async fn read(s: &common::Server, task: &str, after: u64, how: Resume, stop_at: 
             let stop = stop_at == Some(e.id) || is_terminal(&e);
             got.push(e);
             if stop {
-                return got; // dropping `r` closes the connection mid-stream
+                return (got, false); // dropping `r` closes the connection mid-stream
             }
         }
     }
-    got
+    (got, true)
 }
 
 /// A small deterministic generator for the drop points.
@@ -100,7 +115,7 @@ fn drop_points(seed: u64, count: usize, below: u64) -> Vec<u64> {
 
 #[tokio::test]
 async fn twenty_random_drops_and_reconnects_get_every_event_exactly_once() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let task = create_task(&s, &task_body("Tell me a long story about a lighthouse keeper.", 160)).await;
     let id = task["id"].as_str().unwrap().to_string();
     let mut seen: Vec<Event> = Vec::new();
@@ -130,41 +145,41 @@ async fn twenty_random_drops_and_reconnects_get_every_event_exactly_once() {
     assert_eq!((done["status"].as_str(), done["last_event_id"].as_u64()), (Some("incomplete"), Some(last.id)), "{done}");
     let text: String = seen.iter().filter(|e| e.name == "response.output_text.delta").map(|e| e.data["delta"].as_str().unwrap()).collect();
     assert_eq!(done["response"]["output"][0]["content"][0]["text"].as_str(), Some(text.as_str()));
-    assert_eq!(read(&s, &id, last.id, Resume::Query, None).await, Vec::new(), "nothing after the last event");
+    read_past_the_end(&s, &id, last.id, Resume::Query).await;
 }
 
 #[tokio::test]
 async fn expired_history_is_410_and_the_task_stays_readable() {
     let limits = Limits { task_event_retention: Duration::from_secs(1), ..Limits::default() };
-    let Some(s) = common::start(vec![], limits).await else { return };
+    let s = common::start(vec![], limits).await;
     let task = create_task(&s, &task_body("Say hi.", 16)).await;
     let id = task["id"].as_str().unwrap().to_string();
     let events = read(&s, &id, 0, Resume::Query, None).await;
     let last = events.last().unwrap().id;
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let r = reqwest::Client::new().get(format!("{}/lmsp/v1/tasks/{id}/events?after=2", s.base)).send().await.unwrap();
+    let r = common::http().get(format!("{}/lmsp/v1/tasks/{id}/events?after=2", s.base)).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 410);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     let p: Value = r.json().await.unwrap();
     assert_eq!((p["status"].as_u64(), p["code"].as_str()), (Some(410), Some("event_history_expired")), "{p}");
     let done = get_task(&s, &id).await;
     assert_eq!((done["status"].as_str(), done["last_event_id"].as_u64()), (Some("incomplete"), Some(last)), "{done}");
-    assert_eq!(read(&s, &id, last, Resume::Header, None).await, Vec::new(), "nothing was missed: not 410");
+    read_past_the_end(&s, &id, last, Resume::Header).await; // nothing was missed: not 410
 
-    let missing = reqwest::Client::new().get(format!("{}/lmsp/v1/tasks/task_nope/events", s.base)).send().await.unwrap();
+    let missing = common::http().get(format!("{}/lmsp/v1/tasks/task_nope/events", s.base)).send().await.unwrap();
     assert_eq!(missing.status().as_u16(), 404);
-    let bad = reqwest::Client::new().get(format!("{}/lmsp/v1/tasks/{id}/events", s.base)).header("Last-Event-ID", "x").send().await.unwrap();
+    let bad = common::http().get(format!("{}/lmsp/v1/tasks/{id}/events", s.base)).header("Last-Event-ID", "x").send().await.unwrap();
     assert_eq!(bad.status().as_u16(), 400);
 }
 
 #[tokio::test]
 async fn cancel_ends_the_stream_with_cancelled_and_frees_the_blocks() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let task = create_task(&s, &task_body("Count to a thousand.", 4000)).await;
     let id = task["id"].as_str().unwrap().to_string();
     let first = read(&s, &id, 0, Resume::Query, Some(5)).await;
     assert_eq!(first.len(), 5);
-    let r = reqwest::Client::new().post(format!("{}/lmsp/v1/tasks/{id}/cancel", s.base)).send().await.unwrap();
+    let r = common::http().post(format!("{}/lmsp/v1/tasks/{id}/cancel", s.base)).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let cancelled: Value = r.json().await.unwrap();
     assert_eq!((cancelled["status"].as_str(), cancelled["response"]["status"].as_str()), (Some("cancelled"), Some("cancelled")), "{cancelled}");
@@ -178,17 +193,17 @@ async fn cancel_ends_the_stream_with_cancelled_and_frees_the_blocks() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(s.state.tasks.is_empty());
-    let again = reqwest::Client::new().post(format!("{}/lmsp/v1/tasks/{id}/cancel", s.base)).send().await.unwrap();
+    let again = common::http().post(format!("{}/lmsp/v1/tasks/{id}/cancel", s.base)).send().await.unwrap();
     assert_eq!(again.json::<Value>().await.unwrap()["status"], "cancelled", "cancelling a finished task changes nothing");
 }
 
 #[tokio::test]
 async fn one_idempotency_key_makes_one_task() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let body = task_body("Say hi.", 16);
     let post = |key: &'static str, body: Value| {
         let url = format!("{}/lmsp/v1/tasks", s.base);
-        async move { reqwest::Client::new().post(url).header("Idempotency-Key", key).json(&body).send().await.unwrap() }
+        async move { common::http().post(url).header("Idempotency-Key", key).json(&body).send().await.unwrap() }
     };
     let (a, b) = tokio::join!(post("k1", body.clone()), post("k1", body.clone()));
     let (a, b): (Value, Value) = (a.json().await.unwrap(), b.json().await.unwrap());

@@ -60,7 +60,7 @@ fn tools() -> Value {
 }
 
 async fn stream(s: &common::Server, body: &Value) -> Vec<Value> {
-    let text = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(body).send().await.unwrap().text().await.unwrap();
+    let text = common::http().post(format!("{}/v1/responses", s.base)).json(body).send().await.unwrap().text().await.unwrap();
     text.split("\n\n")
         .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
         .filter(|d| *d != "[DONE]")
@@ -130,7 +130,7 @@ async fn run_format(special: bool) {
         if let Some(call) = output.iter().find(|i| i["type"] == "function_call" && i["status"] == "completed") {
             let next = json!({"model": "mistral", "previous_response_id": response["id"], "tools": tools(), "tool_choice": "none",
                               "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}], "max_output_tokens": 16});
-            let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&next).send().await.unwrap();
+            let r = common::http().post(format!("{}/v1/responses", s.base)).json(&next).send().await.unwrap();
             assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
             chained += 1;
         }

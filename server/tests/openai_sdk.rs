@@ -3,8 +3,8 @@
 //! loopback port with a temporary store, waits for `/ready`, then runs
 //! `python -m pytest tests/python` against it and requires it to pass.
 //!
-//! Skipped (with a `skipped:` line) unless both `SPINDLE_MODEL_GGUF` and
-//! `SPINDLE_PY_VENV` are set; `scripts/test.sh` sets both.
+//! Fails unless both `SPINDLE_MODEL_GGUF` and `SPINDLE_PY_VENV` name what
+//! they should; `scripts/test.sh` installs both and sets them.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -98,16 +98,8 @@ fn start_daemon(model: &Path, dir: &Path) -> Daemon {
 
 #[test]
 fn openai_python_sdk_drives_the_daemon() {
-    let Some(model) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
-        return;
-    };
-    let Some(venv) = std::env::var_os("SPINDLE_PY_VENV") else {
-        println!("skipped: SPINDLE_PY_VENV not set (scripts/test.sh creates .venv-py and sets it)");
-        return;
-    };
-    let python = PathBuf::from(venv).join("bin").join("python");
-    assert!(python.is_file(), "SPINDLE_PY_VENV is set but {} does not exist", python.display());
+    let model = spindle_testenv::smollm2_gguf();
+    let python = spindle_testenv::python_venv().join("bin").join("python");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -145,5 +137,6 @@ fn openai_python_sdk_drives_the_daemon() {
     let output = std::fs::read_to_string(&pytest_log).unwrap_or_default();
     println!("{output}");
     assert!(status.success(), "pytest failed ({status}):\n{output}\ndaemon log:\n{}", daemon.log_text());
+    assert!(!output.contains(" skipped"), "every SDK test must run, none skipped:\n{output}");
     drop(daemon);
 }

@@ -59,7 +59,7 @@ async fn reasoning_is_a_separate_item_and_the_grammar_applies_to_the_answer_only
         let body = json!({"model": "thinker", "input": "Is it ok?", "max_output_tokens": 160, "temperature": 1.0, "top_k": 0,
                           "top_p": 1.0, "min_p": 0.0, "seed": seed, "stream": true,
                           "text": {"format": {"type": "json_schema", "name": "ok", "schema": schema, "strict": true}}});
-        let text = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().text().await.unwrap();
+        let text = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().text().await.unwrap();
         let events: Vec<Value> = text.split("\n\n").filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
             .filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
         let response = &events.last().unwrap()["response"];
@@ -108,7 +108,7 @@ async fn a_prompt_that_opens_the_reasoning_starts_inside_it() {
     for seed in 0..24 {
         let body = json!({"model": "r1", "input": "Is it ok?", "max_output_tokens": 120, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
                           "min_p": 0.0, "seed": seed, "text": {"format": {"type": "json_schema", "name": "ok", "schema": schema, "strict": true}}});
-        let r: Value = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
+        let r: Value = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
         let output = r["output"].as_array().unwrap();
         assert_eq!(output[0]["type"], "reasoning", "seed {seed}: {r}");
         assert!(r["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap() >= 1);
@@ -142,7 +142,7 @@ async fn a_tool_loop_turn_extends_the_last_turn_token_for_token() {
     let tok = &s.state.model.tokenizer;
     let tools = json!([{"type": "function", "name": "lookup", "strict": true,
                         "parameters": {"type": "object", "properties": {"q": {"enum": ["hello world", "the ring"]}}, "required": ["q"], "additionalProperties": false}}]);
-    let client = reqwest::Client::new();
+    let client = common::http();
     let post = |body: Value| {
         let (client, url) = (client.clone(), format!("{}/v1/responses", s.base));
         async move { client.post(url).json(&body).send().await.unwrap().json::<Value>().await.unwrap() }
@@ -209,7 +209,7 @@ async fn a_summary_asked_for_streams_as_the_reasoning_items_summary_part() {
     for seed in 0..6 {
         let body = json!({"model": "summarizer", "input": "Is it ok?", "max_output_tokens": 48, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
                           "min_p": 0.0, "seed": seed, "stream": true, "reasoning": {"summary": "concise"}});
-        let text = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().text().await.unwrap();
+        let text = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().text().await.unwrap();
         let events: Vec<Value> = text.split("\n\n").filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
             .filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
         let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
@@ -239,6 +239,6 @@ async fn a_summary_asked_for_streams_as_the_reasoning_items_summary_part() {
     assert!(summarized >= 3, "too few summaries");
     // Without `reasoning.summary` there is none.
     let body = json!({"model": "summarizer", "input": "Is it ok?", "max_output_tokens": 24, "seed": 1});
-    let r: Value = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
+    let r: Value = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
     assert_eq!(r["output"][0]["summary"], json!([]), "{r}");
 }

@@ -198,12 +198,12 @@ mod common;
 
 use common::Server;
 
-async fn start() -> Option<Server> {
+async fn start() -> Server {
     common::start(vec![], Limits::default()).await
 }
 
 async fn post(s: &Server, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
+    let r = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
@@ -229,7 +229,7 @@ fn assert_well_formed(r: &Value) {
 
 #[tokio::test]
 async fn served_prompt_has_the_tools_block_and_ignores_tool_choice() {
-    let Some(s) = start().await else { return };
+    let s = start().await;
     let template = &s.state.model.template;
     assert!(!template.uses_tools(), "SmolLM2's template has no tools: the default format applies");
     let with = |choice: Value| request(json!({"input": "What is the weather in Paris?", "tools": tools(), "tool_choice": choice}));
@@ -260,7 +260,7 @@ async fn served_prompt_has_the_tools_block_and_ignores_tool_choice() {
 
 #[tokio::test]
 async fn function_call_output_round_trips_through_a_chain() {
-    let Some(s) = start().await else { return };
+    let s = start().await;
     let body = json!({"model": "smollm2-135m-instruct", "input": round_trip_input(), "tools": tools(),
                       "max_output_tokens": 24, "temperature": 0});
     let (status, first) = post(&s, body).await;
@@ -302,10 +302,10 @@ fn parse_sse(text: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn the_real_model_calls_a_tool_streamed_in_5d_order_and_the_result_round_trips() {
-    let Some(s) = start().await else { return };
+    let s = start().await;
     let body = json!({"model": "smollm2-135m-instruct", "tools": tools(), "stream": true, "input": few_shot(),
         "max_output_tokens": 48, "temperature": 0});
-    let r = reqwest::Client::new().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
+    let r = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
     assert_eq!(r.status(), 200);
     let events = parse_sse(&r.text().await.expect("body"));
     for (i, e) in events.iter().enumerate() {
@@ -351,7 +351,7 @@ fn few_shot() -> Value {
 /// one a server that never saw the old list gives, and no block stays held.
 #[tokio::test]
 async fn changing_the_tool_list_reuses_only_the_common_prefix_and_leaks_no_blocks() {
-    let Some(s) = start().await else { return };
+    let s = start().await;
     let before = s.state.scheduler.check_kv().expect("kv");
     let body = |tools: Value| {
         json!({"model": "smollm2-135m-instruct", "instructions": "You are a careful assistant.",
@@ -381,7 +381,7 @@ async fn changing_the_tool_list_reuses_only_the_common_prefix_and_leaks_no_block
     assert!(cached <= common, "cached {cached} tokens but the prompts share only {common}");
 
     // Same request on a server that never saw the old list: the same greedy answer.
-    let fresh = start().await.expect("second server");
+    let fresh = start().await;
     let (status, alone) = post(&fresh, body(changed)).await;
     assert_eq!(status, 200, "{alone}");
     assert_eq!(alone["usage"]["input_tokens_details"]["cached_tokens"], 0, "{alone}");

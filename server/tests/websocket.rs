@@ -31,14 +31,27 @@ async fn send(ws: &mut Socket, body: Value) {
     ws.send(Message::Text(body.to_string().into())).await.unwrap();
 }
 
+/// The next text frame as JSON, within 60 s; pings and pongs are passed
+/// over, while the end of the stream, a close or an error fail the test.
+async fn next_event(ws: &mut Socket) -> Value {
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(60), ws.next()).await.expect("a frame in time");
+        match frame {
+            Some(Ok(Message::Text(text))) => {
+                assert_ne!(text.as_str(), "[DONE]", "no [DONE] over WebSocket");
+                return serde_json::from_str(text.as_str()).unwrap();
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("the connection ended while an event was expected: {other:?}"),
+        }
+    }
+}
+
 /// Frames until one terminal message (`response.completed/incomplete/failed` or `error`).
 async fn turn(ws: &mut Socket) -> Vec<Value> {
     let mut events = Vec::new();
     loop {
-        let frame = tokio::time::timeout(Duration::from_secs(60), ws.next()).await.expect("a frame in time");
-        let Some(Ok(Message::Text(text))) = frame else { continue };
-        assert_ne!(text.as_str(), "[DONE]", "no [DONE] over WebSocket");
-        let v: Value = serde_json::from_str(text.as_str()).unwrap();
+        let v = next_event(ws).await;
         let t = v["type"].as_str().unwrap().to_string();
         events.push(v);
         if matches!(t.as_str(), "response.completed" | "response.incomplete" | "response.failed" | "error" | "response.compaction") {
@@ -62,7 +75,7 @@ fn terminal(events: &[Value]) -> &Value {
 
 #[tokio::test]
 async fn turns_stream_the_sse_events_and_chain_on_the_connection_only() {
-    let Some(s) = common::start(vec![KEY.into()], Limits::default()).await else { return };
+    let s = common::start(vec![KEY.into()], Limits::default()).await;
     assert!(connect(&s, None).await.is_err(), "the handshake needs the API key");
     let mut ws = connect(&s, Some(KEY)).await.expect("connect");
 
@@ -100,7 +113,7 @@ async fn turns_stream_the_sse_events_and_chain_on_the_connection_only() {
 
 #[tokio::test]
 async fn bad_turns_get_one_error_envelope_and_a_failed_continuation_evicts() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let mut ws = connect(&s, None).await.expect("connect");
     for (body, param) in [
         (create(json!("x"), json!({"stream": true})), "stream"),
@@ -127,15 +140,14 @@ async fn bad_turns_get_one_error_envelope_and_a_failed_continuation_evicts() {
 
 #[tokio::test]
 async fn one_response_in_flight_and_a_close_frees_the_blocks() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let mut ws = connect(&s, None).await.expect("connect");
     send(&mut ws, create(json!("Write a long story about the sea."), json!({"max_output_tokens": 400}))).await;
     send(&mut ws, create(json!("And another."), json!({}))).await;
     let mut saw_busy = false;
     let mut saw_created = false;
     while !(saw_busy && saw_created) {
-        let Some(Ok(Message::Text(text))) = ws.next().await else { continue };
-        let v: Value = serde_json::from_str(text.as_str()).unwrap();
+        let v = next_event(&mut ws).await;
         if v["type"] == "error" {
             assert_eq!((v["status"].clone(), v["error"]["code"].clone()), (json!(409), json!("response_in_progress")));
             saw_busy = true;
@@ -160,7 +172,7 @@ async fn one_response_in_flight_and_a_close_frees_the_blocks() {
 #[tokio::test]
 async fn the_connection_limit_ends_with_its_error_code() {
     let limits = Limits { websocket_max_connection: Duration::from_millis(300), ..Limits::default() };
-    let Some(s) = common::start(vec![], limits).await else { return };
+    let s = common::start(vec![], limits).await;
     let mut ws = connect(&s, None).await.expect("connect");
     let events = turn(&mut ws).await;
     assert_eq!(events[0]["error"]["code"], "websocket_connection_limit_reached");
@@ -179,7 +191,7 @@ async fn the_connection_limit_ends_with_its_error_code() {
 /// never told a response is still in progress.
 #[tokio::test]
 async fn the_next_turn_may_follow_the_terminal_event_at_once() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let mut ws = connect(&s, None).await.expect("connect");
     let mut previous: Option<String> = None;
     for round in 0..8 {
@@ -197,7 +209,7 @@ async fn the_next_turn_may_follow_the_terminal_event_at_once() {
 /// starts a new chain on the same socket (digest §7: no `previous_response_id`).
 #[tokio::test]
 async fn a_connection_local_chain_compacts_and_a_new_chain_starts_from_it() {
-    let Some(s) = common::start(vec![], Limits::default()).await else { return };
+    let s = common::start(vec![], Limits::default()).await;
     let mut ws = connect(&s, None).await.expect("connect");
     send(&mut ws, create(json!("My name is Ada and I live in Lyon."), json!({}))).await;
     let first = turn(&mut ws).await;
@@ -223,4 +235,50 @@ async fn a_connection_local_chain_compacts_and_a_new_chain_starts_from_it() {
     send(&mut ws, json!({"type": "response.compact", "input": "x"})).await;
     let e = turn(&mut ws).await;
     assert_eq!((e[0]["type"].as_str(), e[0]["status"].as_u64()), (Some("error"), Some(400)), "{}", e[0]);
+}
+
+#[tokio::test]
+async fn a_message_over_the_size_limit_closes_with_1009_and_frees_nothing_it_never_took() {
+    let limits = Limits { max_body_bytes: 16 << 10, ..Limits::default() };
+    let s = common::start(vec![], limits).await;
+    let mut ws = connect(&s, None).await.expect("connect");
+    let big = create(json!("x".repeat(20 << 10)), json!({}));
+    send(&mut ws, big).await;
+    let close = loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("the server answers an oversized message");
+        match frame {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    let code = close.map(|f| u16::from(f.code));
+    assert_eq!(code, Some(1009), "an oversized message closes with 1009 (message too big)");
+    assert_eq!(s.state.scheduler.check_kv().unwrap().used, 0);
+    // A message just under the limit on a new connection is served.
+    let mut ws = connect(&s, None).await.expect("connect");
+    send(&mut ws, create(json!("x ".repeat(2 << 10)), json!({"max_output_tokens": 16}))).await;
+    let done = terminal(&turn(&mut ws).await).clone();
+    assert!(matches!(done["type"].as_str(), Some("response.completed" | "response.incomplete")), "{done}");
+}
+
+#[tokio::test]
+async fn the_connection_remembers_only_its_last_sixteen_responses() {
+    let s = common::start(vec![], Limits::default()).await;
+    let mut ws = connect(&s, None).await.expect("connect");
+    let mut ids = Vec::new();
+    for i in 0..17 {
+        send(&mut ws, create(json!(format!("Number {i}.")), json!({"max_output_tokens": 16}))).await;
+        let done = terminal(&turn(&mut ws).await).clone();
+        ids.push(done["response"]["id"].as_str().expect("id").to_string());
+    }
+    // The oldest of 17 store:false responses was forgotten; the newest is kept.
+    send(&mut ws, create(json!("Go on."), json!({"previous_response_id": ids[0], "max_output_tokens": 16}))).await;
+    let forgotten = turn(&mut ws).await;
+    assert_eq!(forgotten[0]["error"]["code"], "previous_response_not_found", "{forgotten:?}");
+    for id in [&ids[1], &ids[16]] {
+        send(&mut ws, create(json!("Go on."), json!({"previous_response_id": id, "max_output_tokens": 16}))).await;
+        let kept = turn(&mut ws).await;
+        assert_ne!(terminal(&kept)["type"], "error", "{id} must still be remembered: {kept:?}");
+    }
 }

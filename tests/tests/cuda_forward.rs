@@ -12,7 +12,8 @@
 //! CUDA graph against the same step launched eagerly (decode steps take
 //! graphs by default, so the comparisons above run through them too).
 //! Built with `--features cuda` (a required feature of this test target);
-//! skipped (saying why) without a GPU.
+//! ignored by a plain `cargo test` (no GPU in CI): `tools/gpu-check.sh` runs
+//! them with `--include-ignored`, and there a missing GPU fails them.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
@@ -313,23 +314,16 @@ fn mixed_batch(cpu: &mut ModelRunner, gpu: &mut CudaModel, prompt: &[u32], label
     println!("{label}: mixed prefill + decode batch agrees");
 }
 
-fn gpu_ready() -> bool {
-    if !driver_present() {
-        println!("skipped: no CUDA driver on this machine (libcuda.so not found)");
-        return false;
-    }
-    if device_count() == 0 {
-        println!("skipped: a CUDA driver but no device");
-        return false;
-    }
-    true
+/// Fails the test unless a CUDA driver and a device are present.
+fn require_gpu() {
+    assert!(driver_present(), "no CUDA driver on this machine (libcuda.so not found)");
+    assert!(device_count() > 0, "a CUDA driver but no device");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
 fn tiny_models_match_the_cpu_backend() {
-    if !gpu_ready() {
-        return;
-    }
+    require_gpu();
     let tmp = tempfile::tempdir().unwrap();
     // 300 tokens: the attention splits the context (partitions of 256).
     let prompt: Vec<u32> = (0..300).map(|i| (i * 37 + 11) % 300).collect();
@@ -350,14 +344,10 @@ fn tiny_models_match_the_cpu_backend() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
 fn smollm2_matches_the_cpu_backend() {
-    if !gpu_ready() {
-        return;
-    }
-    let Ok(path) = std::env::var("SPINDLE_MODEL_GGUF") else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set");
-        return;
-    };
+    require_gpu();
+    let path = spindle_testenv::smollm2_gguf().to_string_lossy().into_owned();
     let prompt: Vec<u32> = vec![1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198];
     compare(&path, &prompt, "smollm2-135m");
 }

@@ -12,7 +12,7 @@ use super::responses::{start_turn, StartedTurn};
 use super::state::AppState;
 use crate::protocol::error::ApiError;
 use crate::protocol::ErrorKind;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
@@ -155,7 +155,15 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
                     send_error(&out, &ApiError::invalid("type", "Send each response.create as a text message.")).await;
                 }
                 Some(Ok(_)) => {} // ping/pong (answered by the library)
-                None | Some(Err(_)) => break, // closed: the running turn is aborted below
+                Some(Err(e)) => {
+                    // A message over the size limit closes with 1009; other
+                    // read errors end the connection as a close would.
+                    if let Some(close) = close_for(e) {
+                        let _ = out.send(close).await;
+                    }
+                    break;
+                }
+                None => break, // closed: the running turn is aborted below
             },
             outcome = finished(&mut running), if running.is_some() => {
                 let previous = running.take().and_then(|turn| turn.previous);
@@ -180,6 +188,14 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
     }
     drop(out);
     let _ = writer.await;
+}
+
+/// The close frame that answers a read error: 1009 ("message too big") for a
+/// message or frame over the size limit, none for the others.
+fn close_for(error: axum::Error) -> Option<Message> {
+    let inner = error.into_inner();
+    let too_big = matches!(inner.downcast_ref::<tungstenite::Error>(), Some(tungstenite::Error::Capacity(_)));
+    too_big.then(|| Message::Close(Some(CloseFrame { code: close_code::SIZE, reason: "message too big".into() })))
 }
 
 /// Checks the WebSocket-only rules, then starts the turn with the

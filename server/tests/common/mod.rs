@@ -10,6 +10,15 @@ use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long any one test request (its whole body included) may take: a
+/// server that stops answering fails the test instead of hanging it.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(180);
+
+/// An HTTP client whose every request has [`REQUEST_DEADLINE`].
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(REQUEST_DEADLINE).build().expect("HTTP client")
+}
+
 /// A running test server.
 pub struct Server {
     /// `http://127.0.0.1:PORT`.
@@ -19,9 +28,9 @@ pub struct Server {
     _dir: tempfile::TempDir,
 }
 
-/// Starts a server with `keys` and `limits` (256 KV blocks, a SQLite store),
-/// or `None` (after saying why) when the real model is not installed.
-pub async fn start(keys: Vec<String>, limits: Limits) -> Option<Server> {
+/// Starts a server with `keys` and `limits` (256 KV blocks, a SQLite store) on
+/// the real model (the test fails when it is not installed).
+pub async fn start(keys: Vec<String>, limits: Limits) -> Server {
     start_custom(keys, limits, 256, |s| Arc::new(s)).await
 }
 
@@ -32,12 +41,9 @@ pub async fn start_custom(
     limits: Limits,
     blocks: usize,
     wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
-) -> Option<Server> {
-    let Some(path) = std::env::var_os("SPINDLE_MODEL_GGUF") else {
-        println!("skipped: SPINDLE_MODEL_GGUF not set (scripts/test.sh sets it)");
-        return None;
-    };
-    Some(start_model(&path.to_string_lossy(), "smollm2-135m-instruct", keys, limits, blocks, wrap).await)
+) -> Server {
+    let path = spindle_testenv::smollm2_gguf();
+    start_model(&path.to_string_lossy(), "smollm2-135m-instruct", keys, limits, blocks, wrap).await
 }
 
 /// A server on the model at `path` (a GGUF file or an HF directory), served as `name`.

@@ -84,15 +84,33 @@ fn batch_bucket(n: usize) -> Option<usize> {
     BATCH_BUCKETS.iter().position(|&b| b >= n)
 }
 
+/// Table width (blocks of `block_size`) of [`MAX_GRAPH_CONTEXT`].
+fn max_graph_blocks(block_size: usize) -> usize {
+    MAX_GRAPH_CONTEXT.div_ceil(block_size)
+}
+
+/// Whether `p` (blocks of `block_size`) is a step a decode graph runs: graphs
+/// on, and 1 to 256 sequences of one token each within the graphs' context.
+fn graph_step(enabled: bool, p: &Plan, block_size: usize) -> bool {
+    let n = p.start_pos.len();
+    enabled && n > 0 && p.decode_seqs == n && batch_bucket(n).is_some() && p.max_blocks <= max_graph_blocks(block_size)
+}
+
+/// The context bucket (blocks per table row) for tables of `max_blocks`
+/// blocks of `block_size`: the next power of two, at least 256 tokens'
+/// worth, at most [`max_graph_blocks`].
+fn context_bucket(max_blocks: usize, block_size: usize) -> usize {
+    max_blocks.max(1).next_power_of_two().max(256_usize.div_ceil(block_size)).min(max_graph_blocks(block_size))
+}
+
 impl CudaBackend {
     fn max_graph_blocks(&self) -> usize {
-        MAX_GRAPH_CONTEXT.div_ceil(self.block_size)
+        max_graph_blocks(self.block_size)
     }
 
     /// Whether `p` is a step a decode graph runs.
     pub(super) fn graph_eligible(&self, p: &Plan) -> bool {
-        let n = p.start_pos.len();
-        self.graphs.enabled && n > 0 && p.decode_seqs == n && batch_bucket(n).is_some() && p.max_blocks <= self.max_graph_blocks()
+        graph_step(self.graphs.enabled, p, self.block_size)
     }
 
     /// Runs the decode step `p` through its graph (capturing it first if
@@ -127,7 +145,7 @@ impl CudaBackend {
 
     /// The context bucket (blocks per table row) for tables of `max_blocks`.
     fn blocks_bucket(&self, max_blocks: usize) -> usize {
-        max_blocks.max(1).next_power_of_two().max(256_usize.div_ceil(self.block_size)).min(self.max_graph_blocks())
+        context_bucket(max_blocks, self.block_size)
     }
 
     /// The decode attention geometry of a bucket of `size` rows at `blocks`.
@@ -308,5 +326,41 @@ mod tests {
         assert_eq!(padded.positions, vec![3, 20, 0, 0]);
         assert_eq!(padded.tables, vec![1, 2, 0, 0, 4, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(padded.context, vec![4, 21, 1, 1]);
+    }
+
+    /// A decode step of `n` sequences with tables `max_blocks` wide.
+    fn decode_step(n: usize, max_blocks: usize) -> Plan {
+        Plan::for_test(vec![1; n], vec![0; n], vec![0; n], vec![0; n * max_blocks], max_blocks)
+    }
+
+    #[test]
+    fn only_enabled_decode_steps_of_1_to_256_sequences_within_the_context_take_a_graph() {
+        // 8192 tokens in blocks of 16: 512 blocks at most.
+        assert!(graph_step(true, &decode_step(1, 1), 16));
+        assert!(graph_step(true, &decode_step(256, 512), 16));
+        assert!(!graph_step(false, &decode_step(1, 1), 16), "graphs off");
+        assert!(!graph_step(true, &decode_step(0, 1), 16), "an empty step");
+        assert!(!graph_step(true, &decode_step(257, 1), 16), "over the largest batch bucket");
+        assert!(!graph_step(true, &decode_step(4, 513), 16), "tables past the graphs' context");
+        assert!(graph_step(true, &decode_step(4, 256), 32), "256 blocks of 32 is the whole context");
+        assert!(!graph_step(true, &decode_step(4, 257), 32));
+        let mut prefill = decode_step(2, 1);
+        prefill.decode_seqs = 1;
+        assert!(!graph_step(true, &prefill, 16), "a sequence with several new tokens");
+    }
+
+    #[test]
+    fn context_buckets_are_powers_of_two_from_256_tokens_up_to_the_graph_context() {
+        // Blocks of 16: at least 16 blocks (256 tokens), at most 512 (8192 tokens).
+        assert_eq!(context_bucket(0, 16), 16);
+        assert_eq!(context_bucket(3, 16), 16);
+        assert_eq!(context_bucket(17, 16), 32);
+        assert_eq!(context_bucket(300, 16), 512);
+        assert_eq!(context_bucket(512, 16), 512);
+        // Blocks of 48 (not a power of two): 6 blocks for 256 tokens, then 8; capped at 171 = ⌈8192 / 48⌉.
+        assert_eq!(context_bucket(1, 48), 6);
+        assert_eq!(context_bucket(7, 48), 8);
+        assert_eq!(context_bucket(150, 48), 171);
+        assert_eq!(max_graph_blocks(48), 171);
     }
 }

@@ -191,15 +191,36 @@ impl CudaBackend {
     }
 }
 
+/// A GPU memory fraction, checked to be in (0, 1].
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Fraction(f64);
+
+impl Fraction {
+    /// `fraction` if it is in (0, 1] (NaN is not), else an error.
+    fn new(fraction: f64) -> Result<Self> {
+        if fraction > 0.0 && fraction <= 1.0 {
+            Ok(Self(fraction))
+        } else {
+            Err(EngineError::Backend(format!("the GPU memory fraction must be in (0, 1], not {fraction}")))
+        }
+    }
+}
+
 /// KV blocks of `block_bytes` that fit in `fraction` of the device's memory
 /// beside what is already used and [`WORKSPACE_BYTES`].
 fn blocks_for_fraction(gpu: &Gpu, fraction: f64, block_bytes: usize) -> Result<usize> {
-    if !(fraction > 0.0 && fraction <= 1.0) {
-        return Err(EngineError::Backend(format!("the GPU memory fraction must be in (0, 1], not {fraction}")));
-    }
+    // Checked before the device is asked anything.
+    let fraction = Fraction::new(fraction)?;
     let (free, total) = gpu.ctx.mem_get_info()?;
+    blocks_in_budget(free, total, fraction, block_bytes)
+}
+
+/// KV blocks of `block_bytes` that fit in `fraction` of `total` device bytes
+/// once what is used (`total - free`) and [`WORKSPACE_BYTES`] are set
+/// aside (rounded down); none is an error.
+fn blocks_in_budget(free: usize, total: usize, fraction: Fraction, block_bytes: usize) -> Result<usize> {
     let used = total.saturating_sub(free);
-    let budget = ((total as f64 * fraction) as usize).saturating_sub(used).saturating_sub(WORKSPACE_BYTES);
+    let budget = ((total as f64 * fraction.0) as usize).saturating_sub(used).saturating_sub(WORKSPACE_BYTES);
     let blocks = budget / block_bytes.max(1);
     if blocks == 0 {
         return Err(EngineError::Backend(format!(
@@ -209,6 +230,21 @@ fn blocks_for_fraction(gpu: &Gpu, fraction: f64, block_bytes: usize) -> Result<u
         )));
     }
     Ok(blocks)
+}
+
+/// The KV cache's blocks for `size`, blocks being `block_size` tokens and
+/// `per_block` bytes; `fraction_blocks` sizes a memory fraction (it asks the
+/// device). No blocks, or blocks of no tokens, is an error.
+fn kv_blocks(size: KvSize, block_size: usize, per_block: usize, fraction_blocks: impl FnOnce(f64) -> Result<usize>) -> Result<usize> {
+    let num_blocks = match size {
+        KvSize::Blocks(n) => n,
+        KvSize::Bytes(b) => b / per_block.max(1),
+        KvSize::MemoryFraction(fraction) => fraction_blocks(fraction)?,
+    };
+    if num_blocks == 0 || block_size == 0 {
+        return Err(EngineError::Backend(format!("no room for a KV cache ({num_blocks} blocks of {block_size} tokens)")));
+    }
+    Ok(num_blocks)
 }
 
 impl Backend for CudaBackend {
@@ -244,14 +280,7 @@ impl Backend for CudaBackend {
 
     fn allocate_kv(&mut self, c: &ModelConfig, size: KvSize, block_size: usize) -> Result<KvGeometry> {
         let per_block = Self::kv_bytes_per_block(c, block_size);
-        let num_blocks = match size {
-            KvSize::Blocks(n) => n,
-            KvSize::Bytes(b) => b / per_block.max(1),
-            KvSize::MemoryFraction(fraction) => blocks_for_fraction(&self.gpu, fraction, per_block)?,
-        };
-        if num_blocks == 0 || block_size == 0 {
-            return Err(EngineError::Backend(format!("no room for a KV cache ({num_blocks} blocks of {block_size} tokens)")));
-        }
+        let num_blocks = kv_blocks(size, block_size, per_block, |fraction| blocks_for_fraction(&self.gpu, fraction, per_block))?;
         let per_layer = num_blocks * block_size * c.kv_dim();
         // Graphs and buffers captured over the old cache must not outlive it.
         self.graphs.reset();
@@ -294,9 +323,9 @@ impl Backend for CudaBackend {
 
     fn linear_many(&self, x: &CudaSlice<bf16>, rows: usize, jobs: &mut [LinearJob<'_, Self>]) -> Result<()> {
         for (w, out) in jobs.iter_mut() {
-            self.gpu.gemm(*out, x, &w.w, rows, w.rows, w.cols)?;
+            self.gpu.gemm(out, x, &w.w, rows, w.rows, w.cols)?;
             if let Some(b) = &w.bias {
-                self.gpu.add_bias(*out, b, rows, w.rows)?;
+                self.gpu.add_bias(out, b, rows, w.rows)?;
             }
         }
         Ok(())
@@ -335,5 +364,112 @@ impl Backend for CudaBackend {
 
     fn telemetry(&self) -> Option<std::sync::Arc<dyn super::DeviceTelemetry>> {
         telemetry::Nvml::open(self.device_uuid()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{LogitsRequest, SeqInput, SeqSampling};
+    use crate::grammar::{GrammarCompiler, SharedConstraint};
+    use crate::sampling::SamplingParams;
+
+    const GIB: usize = 1 << 30;
+
+    /// A small Llama-shaped config: 2 layers, 4 heads of 16, 2 KV heads (kv_dim 32).
+    pub(super) fn config() -> Result<ModelConfig> {
+        let json = serde_json::json!({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 100,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0});
+        ModelConfig::from_hf_json(&json)
+    }
+
+    /// A one-token sequence that samples with `params` (and `constraint`),
+    /// wanting `logits` back.
+    pub(super) fn sampled_seq(params: SamplingParams, logits: LogitsRequest, constraint: Option<SharedConstraint>) -> SeqInput {
+        let sampling = SeqSampling { params, constraint, generated: 3, output_tokens: vec![5, 6, 5], prompt_tokens: vec![9] };
+        SeqInput { id: 0, tokens: vec![1], start_pos: 0, block_table: vec![0].into(), logits, sampling: Some(sampling) }
+    }
+
+    /// Vocabulary of [`grammar`]'s constraints (the toy tokenizer's, plus padding).
+    pub(super) const GRAMMAR_VOCAB: usize = 275;
+
+    /// A constraint for the Lark grammar `lark` over the toy byte-level
+    /// tokenizer, and the ids of the single-character `texts` in it.
+    pub(super) fn grammar<const N: usize>(lark: &str, texts: [&str; N]) -> std::result::Result<(SharedConstraint, [u32; N]), String> {
+        let tok = crate::tokenizer::tests::toy("smollm");
+        let compiler = GrammarCompiler::new(&tok, GRAMMAR_VOCAB).map_err(|e| e.to_string())?;
+        let constraint = compiler.compile_lark(lark).map_err(|e| e.to_string())?.shared();
+        let mut ids = [0; N];
+        for (id, text) in ids.iter_mut().zip(texts) {
+            *id = *tok.encode(text, false).map_err(|e| e.to_string())?.first().ok_or("no token")?;
+        }
+        Ok((constraint, ids))
+    }
+
+    fn fraction(f: f64) -> Result<Fraction> {
+        Fraction::new(f)
+    }
+
+    #[test]
+    fn memory_fractions_outside_zero_to_one_are_errors_not_panics() {
+        for bad in [0.0, -0.0, -0.5, 1.0 + 1e-9, 1.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let err = Fraction::new(bad);
+            assert!(matches!(&err, Err(EngineError::Backend(m)) if m.contains("(0, 1]")), "{bad}: {err:?}");
+        }
+        assert!(matches!(Fraction::new(1.0), Ok(Fraction(f)) if f == 1.0));
+        assert!(matches!(Fraction::new(1e-6), Ok(Fraction(f)) if f == 1e-6));
+    }
+
+    #[test]
+    fn a_fraction_budget_sets_aside_used_memory_and_the_workspace_and_rounds_down() -> Result<()> {
+        let total = 80 * GIB;
+        // 10 GiB used (weights): 0.5 · 80 − 10 − 2 = 28 GiB for the cache.
+        let free = 70 * GIB;
+        assert_eq!(blocks_in_budget(free, total, fraction(0.5)?, GIB)?, 28);
+        // Rounded down: 28 GiB in blocks of 3 GiB is 9 (not 10).
+        assert_eq!(blocks_in_budget(free, total, fraction(0.5)?, 3 * GIB)?, 9);
+        // The whole device: 80 − 10 − 2.
+        assert_eq!(blocks_in_budget(free, total, fraction(1.0)?, GIB)?, 68);
+        // Blocks of 0 bytes count as 1 byte (no division by zero).
+        assert_eq!(blocks_in_budget(total, total, fraction(1.0)?, 0)?, total - WORKSPACE_BYTES);
+        Ok(())
+    }
+
+    #[test]
+    fn a_fraction_with_no_room_left_is_an_error() -> Result<()> {
+        let total = 80 * GIB;
+        // 0.1 · 80 = 8 GiB, already used by the weights.
+        let err = blocks_in_budget(72 * GIB, total, fraction(0.1)?, 1024);
+        assert!(matches!(&err, Err(EngineError::Backend(m)) if m.contains("no room")), "{err:?}");
+        // Room for the workspace but not for one block.
+        let err = blocks_in_budget(total, total, fraction(1.0)?, total);
+        assert!(err.is_err(), "{err:?}");
+        // Free over total counts as nothing used (no underflow): 40 − 0 − 2.
+        assert_eq!(blocks_in_budget(total + GIB, total, fraction(0.5)?, GIB)?, 38);
+        Ok(())
+    }
+
+    #[test]
+    fn kv_sizes_turn_into_blocks_and_none_is_an_error() -> Result<()> {
+        let no_device = |_: f64| -> Result<usize> { Err(EngineError::Backend("asked the device".into())) };
+        assert_eq!(kv_blocks(KvSize::Blocks(7), 16, 4096, no_device)?, 7);
+        assert_eq!(kv_blocks(KvSize::Bytes(10 * 4096 + 4095), 16, 4096, no_device)?, 10, "bytes round down to whole blocks");
+        assert_eq!(kv_blocks(KvSize::MemoryFraction(0.9), 16, 4096, |f| Ok(if f == 0.9 { 33 } else { 0 }))?, 33);
+        assert!(kv_blocks(KvSize::MemoryFraction(0.9), 16, 4096, no_device).is_err(), "the device's error comes back");
+        for (size, block_size) in [(KvSize::Blocks(0), 16), (KvSize::Bytes(4095), 16), (KvSize::Blocks(4), 0)] {
+            let err = kv_blocks(size, block_size, 4096, no_device);
+            assert!(matches!(&err, Err(EngineError::Backend(m)) if m.contains("no room")), "{size:?} × {block_size}: {err:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_kv_block_holds_keys_and_values_of_every_layer_in_bf16() -> Result<()> {
+        let c = config()?;
+        // 2 (k and v) × 2 layers × 16 tokens × 32 (kv_dim) × 2 bytes.
+        assert_eq!(CudaBackend::kv_bytes_per_block(&c, 16), 2 * 2 * 16 * 32 * 2);
+        assert_eq!(CudaBackend::kv_bytes_per_block(&c, 32), 2 * CudaBackend::kv_bytes_per_block(&c, 16));
+        Ok(())
     }
 }

@@ -75,8 +75,83 @@ fn seen_tokens(s: &SeqSampling) -> Vec<(u32, u32)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{grammar, sampled_seq, GRAMMAR_VOCAB};
     use super::*;
     use crate::sampling::SamplingParams;
+    use std::sync::Arc;
+
+    /// Sequence `seq`'s device row with its wanted rows `range`.
+    fn row(seq: SeqInput, range: Range<usize>) -> Option<DeviceRow> {
+        let batch = ForwardBatch { seqs: vec![seq] };
+        device_rows(&batch, &[range]).pop().flatten()
+    }
+
+    #[test]
+    fn plain_and_greedy_rows_sample_on_the_device_at_their_last_wanted_row() {
+        let greedy = row(sampled_seq(SamplingParams::default(), LogitsRequest::None, None), 2..3);
+        assert!(matches!(&greedy, Some(d) if d.sampling == RowSampling::plain(2, 0.0, 0, 1.0, 0.0, d.sampling.uniform) && d.constraint.is_none()), "{greedy:?}");
+        let p = SamplingParams { temperature: 0.7, top_k: 40, top_p: 0.9, min_p: 0.05, seed: Some(11), logprobs: true, ..SamplingParams::default() };
+        let s = sampled_seq(p.clone(), LogitsRequest::None, None);
+        let uniform = s.sampling.as_ref().map(step_uniform);
+        let plain = row(s, 4..6);
+        assert_eq!(plain.map(|d| d.sampling), Some(RowSampling::plain(5, 0.7, 40, 0.9, 0.05, uniform.unwrap_or(-1.0))), "the last row, the seeded draw; a logprob the device reports");
+    }
+
+    #[test]
+    fn penalties_and_grammars_go_with_the_device_row() -> std::result::Result<(), String> {
+        let p = SamplingParams { repetition_penalty: 1.2, presence_penalty: 0.5, frequency_penalty: 0.25, ..SamplingParams::default() };
+        let penalised = row(sampled_seq(p, LogitsRequest::None, None), 0..1).ok_or("penalties stay on the device")?;
+        assert_eq!((penalised.sampling.repetition_penalty, penalised.sampling.presence_penalty, penalised.sampling.frequency_penalty), (1.2, 0.5, 0.25));
+        let (c, _) = grammar("start: \"ab\"", [])?;
+        let constrained = row(sampled_seq(SamplingParams::default(), LogitsRequest::None, Some(c.clone())), 0..1).ok_or("grammars stay on the device")?;
+        assert!(constrained.constraint.is_some_and(|d| Arc::ptr_eq(&d, &c)), "the sequence's own grammar");
+        Ok(())
+    }
+
+    #[test]
+    fn top_logprobs_returned_logits_and_no_sampling_go_to_the_host() {
+        let top = SamplingParams { top_logprobs: 3, ..SamplingParams::default() };
+        assert!(row(sampled_seq(top, LogitsRequest::None, None), 0..1).is_none(), "top logprobs");
+        assert!(row(sampled_seq(SamplingParams::default(), LogitsRequest::Last, None), 0..1).is_none(), "logits wanted back");
+        assert!(row(sampled_seq(SamplingParams::default(), LogitsRequest::All, None), 0..1).is_none(), "every row's logits wanted back");
+        assert!(row(sampled_seq(SamplingParams::default(), LogitsRequest::None, None), 0..0).is_none(), "no wanted row");
+        let mut unsampled = sampled_seq(SamplingParams::default(), LogitsRequest::None, None);
+        unsampled.sampling = None;
+        assert!(row(unsampled, 0..1).is_none(), "nothing to sample");
+    }
+
+    #[test]
+    fn device_rows_are_per_sequence_in_batch_order() {
+        let host = SamplingParams { top_logprobs: 1, ..SamplingParams::default() };
+        let batch = ForwardBatch { seqs: vec![
+            sampled_seq(SamplingParams::default(), LogitsRequest::None, None),
+            sampled_seq(host, LogitsRequest::None, None),
+            sampled_seq(SamplingParams::default(), LogitsRequest::None, None),
+        ] };
+        let rows: Vec<Option<usize>> = device_rows(&batch, &[0..1, 1..2, 2..3]).iter().map(|d| d.as_ref().map(|d| d.sampling.row)).collect();
+        assert_eq!(rows, vec![Some(0), None, Some(2)]);
+    }
+
+    #[test]
+    fn completing_a_row_adds_its_seen_tokens_and_grammar_mask() -> std::result::Result<(), String> {
+        let p = SamplingParams { presence_penalty: 0.5, ..SamplingParams::default() };
+        let s = sampled_seq(p, LogitsRequest::None, None);
+        let d = row(s.clone(), 0..1).ok_or("a device row")?;
+        let done = complete(&d, &s, 100).ok_or("no grammar, always a row")?;
+        assert_eq!((done.seen, done.mask), (vec![(5, 2), (6, 1)], None), "output counts only (no repetition penalty)");
+
+        let (c, [a, b]) = grammar("start: \"ab\"", ["a", "b"])?;
+        let s = sampled_seq(SamplingParams::default(), LogitsRequest::None, Some(c.clone()));
+        let d = row(s.clone(), 0..1).ok_or("a device row")?;
+        let mask = complete(&d, &s, GRAMMAR_VOCAB).and_then(|r| r.mask).ok_or("a grammar mask")?;
+        let allowed: Vec<u32> = (0..GRAMMAR_VOCAB as u32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect();
+        assert_eq!(allowed, vec![a], "only the grammar's first token");
+        for t in [a, b] {
+            c.lock().map_err(|e| e.to_string())?.accept(t).map_err(|e| e.to_string())?;
+        }
+        assert!(complete(&d, &s, GRAMMAR_VOCAB).is_none(), "a finished grammar allows nothing: the sequence ends");
+        Ok(())
+    }
 
     fn seq(params: SamplingParams, prompt: Vec<u32>, output: Vec<u32>) -> SeqSampling {
         SeqSampling { params, constraint: None, generated: output.len(), output_tokens: output, prompt_tokens: prompt }
