@@ -31,6 +31,8 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Shape)> {
         (Method::POST, "/v1/responses/resp_nope/cancel", None, Shape::OpenAi),
         (Method::GET, "/v1/responses/resp_nope/input_items", None, Shape::OpenAi),
         (Method::GET, "/v1/models", None, Shape::OpenAi),
+        (Method::POST, "/tokenize", Some(json!({"prompt": "hi"})), Shape::OpenAi),
+        (Method::POST, "/detokenize", Some(json!({"tokens": [1, 2]})), Shape::OpenAi),
         (Method::POST, "/lmsp/v1/responses", Some(create.clone()), Shape::Problem),
         (Method::GET, "/lmsp/v1/responses/resp_nope", None, Shape::Problem),
         (Method::GET, "/lmsp/v1/capabilities", None, Shape::Problem),

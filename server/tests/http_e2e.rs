@@ -465,3 +465,46 @@ async fn draining_ends_an_in_flight_stream_with_a_terminal_event() {
     assert_eq!(terminals, 1);
     assert_blocks_freed(&s, 5, "after draining").await;
 }
+
+#[tokio::test]
+async fn tokenize_and_detokenize_round_trip_and_refuse_bad_input() {
+    let s = start(vec![]).await;
+    let call = |path: &'static str, body: Value| {
+        let url = format!("{}{path}", s.base);
+        async move {
+            let r = common::http().post(url).json(&body).send().await.expect("send");
+            (r.status().as_u16(), r.json::<Value>().await.expect("json"))
+        }
+    };
+    let (status, t) = call("/tokenize", json!({"prompt": "Hello there, general Kenobi."})).await;
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(t["count"].as_u64(), t["tokens"].as_array().map(|a| a.len() as u64));
+    assert_eq!(t["max_model_len"].as_u64(), Some(s.state.model.context_length as u64));
+    let (status, d) = call("/detokenize", json!({"tokens": t["tokens"]})).await;
+    assert_eq!((status, d["prompt"].as_str()), (200, Some("Hello there, general Kenobi.")), "{d}");
+    // Chat messages give the prompt /v1/responses runs for the same input.
+    let (_, chat) = call("/tokenize", json!({"messages": [{"role": "user", "content": "Say hi."}]})).await;
+    let (_, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": [{"role": "user", "content": "Say hi."}], "max_output_tokens": 16})).await;
+    assert_eq!(chat["count"], r["usage"]["input_tokens"], "{chat} vs {r}");
+
+    let vocab = s.state.model.tokenizer.vocab_size();
+    for (path, body, status, param) in [
+        ("/tokenize", json!({"prompt": "a", "messages": []}), 400, Some("prompt")),
+        ("/tokenize", json!({}), 400, Some("prompt")),
+        ("/tokenize", json!({"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": false}), 400, Some("add_generation_prompt")),
+        ("/tokenize", json!({"messages": [{"role": "wizard", "content": "a"}]}), 400, None),
+        ("/tokenize", json!({"prompt": "a", "model": "other"}), 404, None),
+        ("/detokenize", json!({"tokens": [1, vocab]}), 400, Some("tokens[1]")),
+        ("/detokenize", json!({"tokens": [-1]}), 400, Some("tokens[0]")),
+        ("/detokenize", json!({"tokens": "nope"}), 400, None),
+    ] {
+        let (got, e) = call(path, body.clone()).await;
+        assert_eq!(got, status, "{path} {body}: {e}");
+        assert!(e["error"]["message"].is_string(), "{e}");
+        if let Some(param) = param {
+            assert_eq!(e["error"]["param"], param, "{path} {body}: {e}");
+        }
+    }
+    let (_, e) = call("/tokenize", json!({"messages": [{"role": "wizard", "content": "a"}]})).await;
+    assert!(e["error"]["param"].as_str().is_some_and(|p| p.starts_with("messages")), "{e}");
+}

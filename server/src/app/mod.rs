@@ -18,6 +18,7 @@ pub mod state;
 pub mod summary;
 pub mod tool_parser;
 pub mod tool_stream;
+pub mod tokenize;
 pub mod tools;
 pub mod turn;
 pub mod ws;
@@ -42,6 +43,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/v1/models", get(ops::models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .layer(middleware::from_fn_with_state(state.clone(), require_key));
     let lmsp_routes = Router::new()
         .route("/lmsp/v1/responses", post(lmsp::create))

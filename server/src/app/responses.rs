@@ -68,22 +68,7 @@ pub struct StartedTurn {
 /// when the caller has it, else from the store by `previous_response_id`),
 /// renders and submits the turn.
 pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Option<Vec<Value>>) -> Result<StartedTurn, ApiError> {
-    let limits = RequestLimits {
-        max_input_items: state.limits.max_input_items,
-        max_tools: state.limits.max_tools,
-        max_output_tokens: state.limits.max_output_tokens as u32,
-    };
-    let mut req = validate(value, &limits)?;
-    let d = state.limits.sampling;
-    let s = &mut req.sampling;
-    s.temperature.get_or_insert(d.temperature);
-    s.top_p.get_or_insert(d.top_p);
-    s.top_k.get_or_insert(d.top_k);
-    s.min_p.get_or_insert(d.min_p);
-    match &req.model {
-        Some(m) if m != &state.model.name => return Err(ApiError::model_not_found(m)),
-        _ => req.model = Some(state.model.name.clone()),
-    }
+    let req = validate_for(state, value)?;
     let history = turn::resolve_history(state, req.previous_response_id.clone(), local_history).await?;
     // Rendering, tokenizing and compiling the grammar are CPU work: off the
     // async threads.
@@ -102,6 +87,28 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
     let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt,
         summary: req.reasoning.and_then(|r| r.summary), cache_salt: req.prompt_cache_key.clone() };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
+}
+
+/// Validates a request body against this server's limits, fills in the
+/// server's sampling defaults and checks (or sets) the model name.
+pub fn validate_for(state: &AppState, value: Value) -> Result<ValidRequest, ApiError> {
+    let limits = RequestLimits {
+        max_input_items: state.limits.max_input_items,
+        max_tools: state.limits.max_tools,
+        max_output_tokens: state.limits.max_output_tokens as u32,
+    };
+    let mut req = validate(value, &limits)?;
+    let d = state.limits.sampling;
+    let s = &mut req.sampling;
+    s.temperature.get_or_insert(d.temperature);
+    s.top_p.get_or_insert(d.top_p);
+    s.top_k.get_or_insert(d.top_k);
+    s.min_p.get_or_insert(d.min_p);
+    match &req.model {
+        Some(m) if m != &state.model.name => return Err(ApiError::model_not_found(m)),
+        _ => req.model = Some(state.model.name.clone()),
+    }
+    Ok(req)
 }
 
 async fn background(

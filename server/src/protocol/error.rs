@@ -161,6 +161,17 @@ impl ApiError {
         self
     }
 
+    /// The same error with a `param` path that starts with `from` starting
+    /// with `to` instead (a field checked under another request's name).
+    pub fn renamed_param(mut self, from: &str, to: &str) -> Self {
+        if let Some(rest) = self.param.as_deref().and_then(|p| p.strip_prefix(from)) {
+            let renamed = format!("{to}{rest}");
+            self.message = self.message.replace(&format!("'{from}"), &format!("'{to}"));
+            self.param = Some(renamed);
+        }
+        self
+    }
+
     /// 400 `invalid_request_error`, code `invalid_value`, naming `param`.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
         Self::invalid_with_code(param, codes::INVALID_VALUE, message)

@@ -1,6 +1,8 @@
 //! A daemon on a real loopback socket with the real model, for end-to-end tests.
 #![allow(clippy::expect_used, dead_code)]
 
+pub mod daemon;
+
 use axum::serve::ListenerExt;
 use spindle_engine::load::load_model;
 use spindle_engine::runner::ModelRunner;

@@ -1,0 +1,132 @@
+//! `POST /tokenize` and `POST /detokenize`, shaped as vLLM's: the prompt ids
+//! the server would run for a text or for chat messages, and the text of
+//! token ids. Chat messages are rendered exactly as `/v1/responses` renders
+//! them (the same validation, template, tools section and tokenization), so a
+//! client can see, and a test can check, the prompt a request will get.
+
+use super::responses::validate_for;
+use super::state::AppState;
+use super::turn;
+use crate::protocol::error::ApiError;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// The body of `POST /tokenize`: exactly one of `prompt` and `messages`.
+#[derive(Debug, Deserialize)]
+struct TokenizeBody {
+    model: Option<String>,
+    /// Plain text, tokenized as it is.
+    prompt: Option<String>,
+    /// Chat messages (`role` + `content`), rendered with the chat template.
+    messages: Option<Vec<Value>>,
+    /// Tools, for chat messages: rendered as `/v1/responses` renders them.
+    tools: Option<Value>,
+    /// Special tokens around a plain `prompt` (vLLM's default: true).
+    add_special_tokens: Option<bool>,
+    /// Only `true` (the default) is supported: the prompt ends where the
+    /// assistant's answer begins, as for a generation request.
+    add_generation_prompt: Option<bool>,
+}
+
+/// The answer of `POST /tokenize`.
+#[derive(Debug, Serialize)]
+struct Tokenized {
+    count: usize,
+    max_model_len: usize,
+    tokens: Vec<u32>,
+}
+
+/// The body of `POST /detokenize`.
+#[derive(Debug, Deserialize)]
+struct DetokenizeBody {
+    model: Option<String>,
+    tokens: Vec<i64>,
+}
+
+/// POST /tokenize.
+pub async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match parse::<TokenizeBody>(&state, body) {
+        Ok(b) => off_thread(state, move |st| tokenize_body(st, b)).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// POST /detokenize.
+pub async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match parse::<DetokenizeBody>(&state, body) {
+        Ok(b) => off_thread(state, move |st| detokenize_body(st, b)).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The body as `T`, within the size limit; a wrong shape names the problem.
+fn parse<T: for<'de> Deserialize<'de>>(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
+    serde_json::from_slice(&body).map_err(ApiError::invalid_json)
+}
+
+/// Runs tokenizer work off the async threads and answers with its JSON.
+async fn off_thread(state: Arc<AppState>, work: impl FnOnce(&AppState) -> Result<Value, ApiError> + Send + 'static) -> Response {
+    let result = tokio::task::spawn_blocking(move || work(&state)).await.map_err(|e| ApiError::internal(e.to_string()));
+    match result.and_then(|r| r) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != state.model.name => Err(ApiError::model_not_found(m)),
+        _ => Ok(()),
+    }
+}
+
+fn tokenize_body(state: &AppState, b: TokenizeBody) -> Result<Value, ApiError> {
+    check_model(state, b.model.as_deref())?;
+    let tokens = match (b.prompt, b.messages) {
+        (Some(prompt), None) => {
+            let special = b.add_special_tokens.unwrap_or(true);
+            state.model.tokenizer.encode(&prompt, special).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))?
+        }
+        (None, Some(messages)) => {
+            if b.add_generation_prompt == Some(false) {
+                return Err(ApiError::invalid("add_generation_prompt", "Only true is supported: the prompt ends where the answer begins."));
+            }
+            chat_prompt(state, messages, b.tools)?
+        }
+        _ => return Err(ApiError::invalid("prompt", "Send exactly one of 'prompt' (text) and 'messages' (chat messages).")),
+    };
+    let tokenized = Tokenized { count: tokens.len(), max_model_len: state.model.context_length, tokens };
+    serde_json::to_value(tokenized).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The prompt ids `/v1/responses` would run for these messages as its `input`.
+fn chat_prompt(state: &AppState, messages: Vec<Value>, tools: Option<Value>) -> Result<Vec<u32>, ApiError> {
+    let mut request = json!({"model": state.model.name, "input": messages, "store": false});
+    if let Some(tools) = tools {
+        request["tools"] = tools;
+    }
+    let req = validate_for(state, request).map_err(|e| e.renamed_param("input", "messages"))?;
+    Ok(turn::prepare(state, &req, Vec::new())?.prompt)
+}
+
+fn detokenize_body(state: &AppState, b: DetokenizeBody) -> Result<Value, ApiError> {
+    check_model(state, b.model.as_deref())?;
+    let vocab = state.model.tokenizer.vocab_size();
+    let ids = b
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| u32::try_from(t).ok().filter(|&t| (t as usize) < vocab).ok_or_else(|| {
+            ApiError::invalid(format!("tokens[{i}]"), format!("Token id {t} is not in the vocabulary (0..{vocab})."))
+        }))
+        .collect::<Result<Vec<u32>, _>>()?;
+    let prompt = state.model.tokenizer.decode(&ids, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))?;
+    Ok(json!({"prompt": prompt}))
+}
