@@ -433,7 +433,7 @@ async fn a_request_past_the_time_limit_fails_and_frees_its_blocks() {
     assert!(tokens < 2000, "stopped early: {tokens} tokens");
     assert_blocks_freed(&s, 5, "after the time limit").await;
     // Stored as it ended: failed, not in progress.
-    let got: Value = common::http().get(format!("{}/v1/responses/{}", s.base, r["id"].as_str().unwrap())).send().await.expect("get").json().await.expect("json");
+    let got: Value = common::http().get(format!("{}/v1/responses/{}", s.base, r["id"].as_str().expect("id"))).send().await.expect("get").json().await.expect("json");
     assert_eq!(got["status"], "failed", "{got}");
 }
 

@@ -17,6 +17,7 @@ pub const VENV_VAR: &str = "SPINDLE_PY_VENV";
 ///
 /// # Panics
 /// When the variable is unset or does not name a file.
+#[track_caller]
 pub fn smollm2_gguf() -> PathBuf {
     required_file(MODEL_VAR, "the SmolLM2 test model", "export SPINDLE_MODEL_GGUF=$(scripts/fetch-model.sh | tail -n 1)")
 }
@@ -25,6 +26,7 @@ pub fn smollm2_gguf() -> PathBuf {
 ///
 /// # Panics
 /// When `var` is unset or does not name a file; `how` says how to get it.
+#[track_caller]
 pub fn required_file(var: &str, what: &str, how: &str) -> PathBuf {
     match std::env::var_os(var).filter(|v| !v.is_empty()) {
         Some(p) if PathBuf::from(&p).is_file() => PathBuf::from(p),
@@ -37,6 +39,7 @@ pub fn required_file(var: &str, what: &str, how: &str) -> PathBuf {
 ///
 /// # Panics
 /// When the variable is unset or the venv has no `bin/python`.
+#[track_caller]
 pub fn python_venv() -> PathBuf {
     let how = "python3 -m venv .venv-py && .venv-py/bin/pip install -r tests/python/requirements.txt && export SPINDLE_PY_VENV=$PWD/.venv-py";
     let Some(venv) = std::env::var_os(VENV_VAR).filter(|v| !v.is_empty()).map(PathBuf::from) else {
