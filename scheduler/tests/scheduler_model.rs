@@ -36,18 +36,33 @@ fn request(prompt: Vec<u32>, stop_tokens: &[u32], max_tokens: usize) -> Generati
     }
 }
 
+/// How long reading one request's stream may take.
+const STREAM_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs `read` on the stream in a thread and waits for its answer until
+/// [`STREAM_DEADLINE`]: a scheduler that stalls fails the test, not hangs it.
+fn with_deadline<T: Send + 'static>(s: EventStream, read: impl FnOnce(EventStream) -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(read(s));
+    });
+    rx.recv_timeout(STREAM_DEADLINE).expect("the stream answered within the deadline")
+}
+
 /// Read a stream to its end: (tokens, usage).
-fn collect(mut s: EventStream) -> (Vec<u32>, Usage) {
-    let mut tokens = Vec::new();
-    loop {
-        match s.blocking_recv() {
-            Some(GenerationEvent::Delta { token, .. }) => tokens.push(token.id),
-            Some(GenerationEvent::Finished { usage, .. }) => return (tokens, usage),
-            Some(GenerationEvent::Failed { message }) => panic!("request failed: {message}"),
-            Some(GenerationEvent::Started { .. }) => {}
-            None => panic!("stream ended without a terminal event"),
+fn collect(s: EventStream) -> (Vec<u32>, Usage) {
+    with_deadline(s, |mut s| {
+        let mut tokens = Vec::new();
+        loop {
+            match s.blocking_recv() {
+                Some(GenerationEvent::Delta { token, .. }) => tokens.push(token.id),
+                Some(GenerationEvent::Finished { usage, .. }) => return (tokens, usage),
+                Some(GenerationEvent::Failed { message }) => panic!("request failed: {message}"),
+                Some(GenerationEvent::Started { .. }) => {}
+                None => panic!("stream ended without a terminal event"),
+            }
         }
-    }
+    })
 }
 
 fn prompts(m: &LoadedModel) -> Vec<Vec<u32>> {
@@ -128,13 +143,18 @@ fn dropping_a_stream_aborts_and_frees_its_blocks() {
     let m = model();
     let p = prompts(&m);
     let (h, stops) = start(m, 64, 256);
-    let mut s = h.submit(request(p[5].clone(), &stops, 200)).expect("submit");
-    let mut deltas = 0;
-    while deltas < 3 {
-        if let Some(GenerationEvent::Delta { .. }) = s.blocking_recv() {
-            deltas += 1;
+    let s = h.submit(request(p[5].clone(), &stops, 200)).expect("submit");
+    let s = with_deadline(s, |mut s| {
+        let mut deltas = 0;
+        while deltas < 3 {
+            match s.blocking_recv() {
+                Some(GenerationEvent::Delta { .. }) => deltas += 1,
+                Some(GenerationEvent::Started { .. }) => {}
+                other => panic!("expected three deltas, got {other:?}"),
+            }
         }
-    }
+        s
+    });
     assert!(h.check_kv().expect("kv").used > 0);
     drop(s);
     assert_pool_returned(&h, 64);
