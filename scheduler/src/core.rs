@@ -49,7 +49,10 @@ impl Scheduler {
             block_size: limits.block_size,
             enable_prefix_caching: config.enable_prefix_caching,
         });
-        Self { config, limits, kv, waiting: VecDeque::new(), running: Vec::new(), metrics, released: Vec::new() }
+        let scheduler = Self { config, limits, kv, waiting: VecDeque::new(), running: Vec::new(), metrics, released: Vec::new() };
+        // The gauges describe the empty pool from the start, not from the first request.
+        scheduler.publish_gauges();
+        scheduler
     }
 
     /// Whether any request is waiting or running.

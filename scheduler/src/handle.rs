@@ -9,7 +9,7 @@ use crate::request::{GenerationEvent, GenerationRequest};
 use crate::sequence::{RequestId, Sequence};
 use spindle_engine::runner::Executor;
 use spindle_engine::tokenizer::Tokenizer;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,6 +65,8 @@ enum Command {
 #[derive(Clone)]
 pub struct SchedulerHandle {
     commands: mpsc::Sender<Command>,
+    /// True while the step loop's thread runs (false once it has ended or panicked).
+    alive: Arc<AtomicBool>,
     next_id: Arc<AtomicU64>,
     config: Arc<SchedulerConfig>,
     limits: ModelLimits,
@@ -125,12 +127,26 @@ impl SchedulerHandle {
         let limits = ModelLimits::of(&runner);
         let scheduler = Scheduler::new(config.clone(), limits, metrics.clone());
         let loop_metrics = metrics.clone();
+        let alive = Arc::new(AtomicBool::new(true));
+        let guard = AliveGuard(alive.clone());
         std::thread::Builder::new()
             .name("spindle-step-loop".into())
-            .spawn(move || step_loop(scheduler, runner, rx, loop_metrics))
+            .spawn(move || {
+                let _guard = guard;
+                step_loop(scheduler, runner, rx, loop_metrics)
+            })
             .map(|_| ())
-            .unwrap_or_else(|e| tracing::error!("could not start the step loop: {e}"));
-        Self { commands: tx, next_id: Arc::new(AtomicU64::new(1)), config: Arc::new(config), limits, tokenizer, metrics }
+            .unwrap_or_else(|e| {
+                alive.store(false, Ordering::Release);
+                tracing::error!("could not start the step loop: {e}");
+            });
+        Self { commands: tx, alive, next_id: Arc::new(AtomicU64::new(1)), config: Arc::new(config), limits, tokenizer, metrics }
+    }
+
+    /// Whether the step loop is running: false once its thread has ended
+    /// (or panicked), when no request can be served any more.
+    pub fn is_running(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
     }
 
     /// Queue a request; its events arrive on the returned stream.
@@ -190,6 +206,18 @@ impl SchedulerHandle {
     /// The executor's KV cache shape and context window.
     pub fn limits(&self) -> ModelLimits {
         self.limits
+    }
+}
+
+/// Clears the liveness flag when the step loop's thread ends, by return or by panic.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+        if std::thread::panicking() {
+            tracing::error!("the scheduler's step loop panicked: no request can be served until a restart");
+        }
     }
 }
 

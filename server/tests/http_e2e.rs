@@ -508,3 +508,63 @@ async fn tokenize_and_detokenize_round_trip_and_refuse_bad_input() {
     let (_, e) = call("/tokenize", json!({"messages": [{"role": "wizard", "content": "a"}]})).await;
     assert!(e["error"]["param"].as_str().is_some_and(|p| p.starts_with("messages")), "{e}");
 }
+
+/// The real model's runner, except that its second step panics (as a
+/// kernel bug would).
+struct PanicsOnSecondStep {
+    inner: spindle_engine::runner::ModelRunner,
+    steps: usize,
+}
+
+impl spindle_engine::runner::Executor for PanicsOnSecondStep {
+    fn execute(&mut self, batch: &spindle_engine::batch::ForwardBatch) -> spindle_engine::Result<spindle_engine::batch::StepOutput> {
+        self.steps += 1;
+        assert!(self.steps < 2, "a deliberate panic in the executor's second step");
+        self.inner.execute(batch)
+    }
+
+    fn context_length(&self) -> usize {
+        self.inner.context_length()
+    }
+
+    fn kv_geometry(&self) -> spindle_engine::runner::KvGeometry {
+        self.inner.kv_geometry()
+    }
+}
+
+#[tokio::test]
+async fn ready_turns_503_when_the_step_loop_dies_and_gauges_start_full() {
+    let path = spindle_testenv::smollm2_gguf();
+    let s = common::start_model_with(&path.to_string_lossy(), "smollm2-135m-instruct", vec![], limits(), |s| Arc::new(s), |model| {
+        PanicsOnSecondStep { inner: spindle_engine::runner::ModelRunner::new(model, 64, 16), steps: 0 }
+    })
+    .await;
+    let metrics = common::http().get(format!("{}/metrics", s.base)).send().await.expect("metrics").text().await.expect("text");
+    assert!(metrics.lines().any(|l| l == "spindle_kv_blocks_free 64"), "free blocks before the first request:\n{metrics}");
+    assert_eq!(common::http().get(format!("{}/ready", s.base)).send().await.expect("ready").status(), 200);
+
+    let (status, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "Say hi.", "max_output_tokens": 16})).await;
+    assert!(status >= 500 || r["status"] == "failed", "a request whose step loop died does not succeed: {status} {r}");
+    let ready = common::http().get(format!("{}/ready", s.base)).send().await.expect("ready");
+    assert_eq!(ready.status(), 503);
+    let body: Value = ready.json().await.expect("json");
+    assert_eq!(body["status"], "unavailable", "{body}");
+    let (status, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "Again.", "max_output_tokens": 16})).await;
+    assert_eq!(status, 503, "new work is refused once the step loop is gone: {r}");
+}
+
+#[tokio::test]
+async fn a_bad_query_string_is_a_json_400_naming_the_parameter() {
+    let s = start(vec![]).await;
+    for (path, param) in [("/v1/responses/resp_x?stream=maybe", "stream"), ("/v1/responses/resp_x/input_items?limit=-3", "limit"),
+                          ("/v1/responses/resp_x?starting_after=abc", "starting_after")] {
+        let r = common::http().get(format!("{}{path}", s.base)).send().await.expect("send");
+        assert_eq!(r.status().as_u16(), 400, "{path}");
+        assert!(r.headers()["content-type"].to_str().unwrap_or("").starts_with("application/json"), "{path}");
+        let e: Value = r.json().await.expect("json");
+        assert_eq!(e["error"]["param"], param, "{path}: {e}");
+    }
+    let r = common::http().get(format!("{}/lmsp/v1/tasks/task_x/events?after=soon", s.base)).send().await.expect("send");
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+}

@@ -71,7 +71,9 @@ pub async fn drive(
                 continue;
             }
             Next::Stop(why) => GenerationEvent::Failed { message: why.to_string() },
-            Next::Event(None) => break,
+            // The stream ended with no terminal event: the scheduler is gone.
+            // The response fails rather than staying `in_progress` forever.
+            Next::Event(None) => GenerationEvent::Failed { message: "the scheduler stopped before the response finished".into() },
             Next::Event(Some(e)) => e,
         };
         let terminal = matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. });

@@ -3,7 +3,7 @@
 use super::state::AppState;
 use axum::extract::State;
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use std::sync::Arc;
@@ -27,9 +27,15 @@ pub async fn health() -> impl IntoResponse {
     Json(json!({"status": "ok"}))
 }
 
-/// GET /ready: the model is loaded and the scheduler accepts work.
-pub async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    Json(json!({"status": "ready", "model": state.model.name}))
+/// GET /ready: the model is loaded and the scheduler accepts work; 503 once
+/// the scheduler's step loop has died (a load balancer then stops routing here).
+pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    if state.scheduler.is_running() {
+        Json(json!({"status": "ready", "model": state.model.name})).into_response()
+    } else {
+        let body = json!({"status": "unavailable", "model": state.model.name, "reason": "the scheduler's step loop has stopped"});
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+    }
 }
 
 /// GET /metrics: Prometheus text format.

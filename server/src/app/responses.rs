@@ -10,7 +10,8 @@ use crate::protocol::mapper::ResponseMapper;
 use crate::protocol::request::{validate, RequestLimits, ValidRequest};
 use crate::store::{Order, ResponseStore, StoredResponse};
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
+use super::error::query_error;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -220,8 +221,9 @@ pub struct RetrieveQuery {
 pub async fn retrieve(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Query(q): Query<RetrieveQuery>,
+    q: Result<Query<RetrieveQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(query_error)?;
     let record = load(&state, id.clone()).await?;
     if q.stream != Some(true) {
         return Ok(Json(record.response).into_response());
@@ -274,8 +276,9 @@ pub struct ListQuery {
 pub async fn input_items(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(query_error)?;
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
     let order = match q.order.as_deref() {
         Some("asc") => Order::Asc,

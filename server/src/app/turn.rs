@@ -195,6 +195,6 @@ fn submit_error(e: SubmitError) -> ApiError {
         SubmitError::TooLargeForCache { .. } => ApiError::invalid("input", e.to_string()),
         SubmitError::EmptyPrompt => ApiError::invalid("input", e.to_string()),
         SubmitError::InvalidSampling(m) => ApiError::invalid("temperature", m),
-        SubmitError::ShutDown => ApiError::internal("the server is shutting down"),
+        SubmitError::ShutDown => ApiError::unavailable("The scheduler is not running; the server cannot generate until it restarts."),
     }
 }

@@ -276,6 +276,12 @@ impl ApiError {
         Self::new(404, ErrorKind::NotFound, message).with_code(codes::NOT_FOUND)
     }
 
+    /// 503 `server_error`, code `service_unavailable`: the server cannot
+    /// take work now (a load balancer should route elsewhere).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, ErrorKind::ServerError, message).with_code("service_unavailable")
+    }
+
     /// 500 `server_error`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, ErrorKind::ServerError, message).with_code(codes::SERVER_ERROR)

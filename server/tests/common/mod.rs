@@ -57,11 +57,24 @@ pub async fn start_model(
     blocks: usize,
     wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
 ) -> Server {
+    start_model_with(path, name, keys, limits, wrap, |model| ModelRunner::new(model, blocks, 16)).await
+}
+
+/// [`start_model`] with the executor made by `executor` from the loaded
+/// model (e.g. one wrapped to misbehave).
+pub async fn start_model_with<E: spindle_engine::runner::Executor + 'static>(
+    path: &str,
+    name: &str,
+    keys: Vec<String>,
+    limits: Limits,
+    wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
+    executor: impl FnOnce(spindle_engine::model::LlamaModel) -> E,
+) -> Server {
     let m = load_model(path, &mut |_, _| {}).expect("model");
     let config = SchedulerConfig::default();
     let context_length = m.model.config().context_length;
     let vocab_size = m.model.config().vocab_size;
-    let scheduler = SchedulerHandle::spawn(config, ModelRunner::new(m.model, blocks, 16), m.tokenizer.clone());
+    let scheduler = SchedulerHandle::spawn(config, executor(m.model), m.tokenizer.clone());
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000)).expect("store");
     let state = Arc::new(AppState {

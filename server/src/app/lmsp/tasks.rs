@@ -17,7 +17,7 @@ use crate::protocol::error::ApiError;
 use crate::protocol::ErrorKind;
 use crate::store::{TaskEvent, TaskRecord};
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -129,7 +129,16 @@ pub struct EventsQuery {
 
 /// GET /lmsp/v1/tasks/{id}/events: the events after `?after=N` (or the
 /// `Last-Event-ID` header), then live ones until the terminal event.
-pub async fn events(State(state): State<Arc<AppState>>, Path(id): Path<String>, Query(q): Query<EventsQuery>, headers: HeaderMap) -> Response {
+pub async fn events(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    q: Result<Query<EventsQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let q = match q {
+        Ok(Query(q)) => q,
+        Err(rejection) => return Problem(crate::app::error::query_error(rejection)).into_response(),
+    };
     match events_inner(state, id, q, headers).await {
         Ok(r) => r,
         Err(p) => p.into_response(),
