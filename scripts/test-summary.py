@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNING = re.compile(r"^\s+Running (?:unittests )?(\S+) \(([^)]+)\)")
 DOCTESTS = re.compile(r"^\s+Doc-tests (\S+)")
 RESULT = re.compile(r"^test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored")
+CRITERION_OK = re.compile(r"^Success$")  # a criterion benchmark run once in test mode
 TEST_LINE = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)(?:, (.*))?$")
 CRATE_DIRS = ["kernels", "engine", "scheduler", "server", "tools", "benches", "tests", "testenv"]
 
@@ -33,17 +34,34 @@ def crate_of(source, binary):
 
 
 def summarise(lines):
-    """(per-crate counts, ignored names, failed names, binaries without a result)."""
+    """(per-crate counts, ignored names, failed names, binaries without a result).
+
+    Criterion benchmarks (run once each by `cargo test --all-targets`) print
+    `Success` per benchmark and no `test result:` line: each counts as passed.
+    """
     counts = OrderedDict()
     ignored, failed, unreported = [], [], []
     current = None
+    benches_ok = 0
+
+    def close(block, ok):
+        if block is None:
+            return
+        if ok:
+            counts.setdefault(block[0], [0, 0, 0])[0] += ok
+        else:
+            unreported.append(block[1])
+
     for line in lines:
         m = RUNNING.match(line)
         d = DOCTESTS.match(line)
         if m or d:
-            if current is not None:
-                unreported.append(current[1])
+            close(current, benches_ok)
+            benches_ok = 0
             current = (crate_of(m.group(1), m.group(2)), m.group(1)) if m else (d.group(1).replace("spindle_", ""), "doc-tests")
+            continue
+        if current is not None and CRITERION_OK.match(line):
+            benches_ok += 1
             continue
         t = TEST_LINE.match(line)
         if t and current is not None:
@@ -58,8 +76,8 @@ def summarise(lines):
             for i in range(3):
                 c[i] += int(r.group(i + 2))
             current = None
-    if current is not None:
-        unreported.append(current[1])
+            benches_ok = 0
+    close(current, benches_ok)
     return counts, ignored, failed, unreported
 
 
