@@ -25,7 +25,11 @@ def crate_of(source, binary):
     """The workspace crate a test binary belongs to."""
     if source.startswith("src/"):
         stem = os.path.basename(binary).rsplit("-", 1)[0]
-        return {"spindle": "server"}.get(stem, stem.replace("spindle_", "", 1))
+        if stem.startswith("spindle_") and stem.replace("spindle_", "", 1) in CRATE_DIRS:
+            return stem.replace("spindle_", "", 1)
+        # A binary's own unit tests: the crate whose directory holds its source.
+        owners = [d for d in CRATE_DIRS if os.path.isfile(os.path.join(ROOT, d, source))]
+        return owners[0] if len(owners) == 1 else stem
     name = os.path.basename(source)
     for d in CRATE_DIRS:
         if os.path.isfile(os.path.join(ROOT, d, source)) or os.path.isfile(os.path.join(ROOT, d, "tests", name)):
