@@ -249,12 +249,7 @@ async fn background_responses_can_be_polled_and_cancelled() {
 #[tokio::test]
 async fn a_client_disconnect_frees_its_blocks() {
     let s = start(vec![]).await;
-    let mut r = common::http()
-        .post(format!("{}/v1/responses", s.base))
-        .json(&json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "stream": true, "max_output_tokens": 2000}))
-        .send()
-        .await
-        .expect("send");
+    let mut r = long_stream(&s).await;
     // Read until the sequence holds blocks, so the check below cannot pass
     // before the request was ever admitted.
     let admitted = std::time::Instant::now() + Duration::from_secs(30);
@@ -263,15 +258,7 @@ async fn a_client_disconnect_frees_its_blocks() {
         r.chunk().await.expect("chunk").expect("the stream ended before generation started");
     }
     drop(r);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let usage = s.state.scheduler.check_kv().expect("kv");
-        if usage.used == 0 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "blocks still held after disconnect: {usage:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_blocks_freed(&s, 5, "after disconnect").await;
 }
 
 #[tokio::test]
@@ -409,11 +396,21 @@ async fn a_streamed_response_is_stored_before_its_terminal_event() {
     }
 }
 
+/// A streamed request for a long story (up to 2000 tokens).
+async fn long_stream(s: &Server) -> reqwest::Response {
+    let body = json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "stream": true, "max_output_tokens": 2000});
+    common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send")
+}
+
 /// Waits until the KV pool is empty again; fails after `secs` seconds.
 async fn assert_blocks_freed(s: &Server, secs: u64, what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while s.state.scheduler.check_kv().expect("kv").used > 0 {
-        assert!(std::time::Instant::now() < deadline, "{what}: blocks still held");
+    loop {
+        let usage = s.state.scheduler.check_kv().expect("kv");
+        if usage.used == 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: blocks still held: {usage:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -440,12 +437,7 @@ async fn a_request_past_the_time_limit_fails_and_frees_its_blocks() {
 #[tokio::test]
 async fn draining_ends_an_in_flight_stream_with_a_terminal_event() {
     let s = start(vec![]).await;
-    let mut r = common::http()
-        .post(format!("{}/v1/responses", s.base))
-        .json(&json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "stream": true, "max_output_tokens": 2000}))
-        .send()
-        .await
-        .expect("send");
+    let mut r = long_stream(&s).await;
     let mut text = String::new();
     let admitted = std::time::Instant::now() + Duration::from_secs(30);
     while !text.contains("response.output_text.delta") {

@@ -105,11 +105,17 @@ pub fn validate_for(state: &AppState, value: Value) -> Result<ValidRequest, ApiE
     s.top_p.get_or_insert(d.top_p);
     s.top_k.get_or_insert(d.top_k);
     s.min_p.get_or_insert(d.min_p);
-    match &req.model {
-        Some(m) if m != &state.model.name => return Err(ApiError::model_not_found(m)),
-        _ => req.model = Some(state.model.name.clone()),
-    }
+    check_model(state, req.model.as_deref())?;
+    req.model = Some(state.model.name.clone());
     Ok(req)
+}
+
+/// A request's `model`, if given, must be the one this server serves (404 otherwise).
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != state.model.name => Err(ApiError::model_not_found(m)),
+        _ => Ok(()),
+    }
 }
 
 async fn background(

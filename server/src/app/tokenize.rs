@@ -4,7 +4,7 @@
 //! them (the same validation, template, tools section and tokenization), so a
 //! client can see, and a test can check, the prompt a request will get.
 
-use super::responses::validate_for;
+use super::responses::{check_model, validate_for};
 use super::state::AppState;
 use super::turn;
 use crate::protocol::error::ApiError;
@@ -77,13 +77,6 @@ async fn off_thread(state: Arc<AppState>, work: impl FnOnce(&AppState) -> Result
     match result.and_then(|r| r) {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
-    }
-}
-
-fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(m) if m != state.model.name => Err(ApiError::model_not_found(m)),
-        _ => Ok(()),
     }
 }
 
