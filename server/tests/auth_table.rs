@@ -33,6 +33,7 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Shape)> {
         (Method::GET, "/v1/models", None, Shape::OpenAi),
         (Method::POST, "/tokenize", Some(json!({"prompt": "hi"})), Shape::OpenAi),
         (Method::POST, "/detokenize", Some(json!({"tokens": [1, 2]})), Shape::OpenAi),
+        (Method::GET, "/metrics", None, Shape::OpenAi),
         (Method::POST, "/lmsp/v1/responses", Some(create.clone()), Shape::Problem),
         (Method::GET, "/lmsp/v1/responses/resp_nope", None, Shape::Problem),
         (Method::GET, "/lmsp/v1/capabilities", None, Shape::Problem),
@@ -90,8 +91,8 @@ async fn every_route_refuses_a_missing_wrong_or_malformed_key_in_its_own_shape()
             assert_ne!(r.status().as_u16(), 401, "{method} {path} refused a valid key");
         }
     }
-    // Health, readiness and metrics stay open for probes and scrapers.
-    for path in ["/health", "/ready", "/metrics"] {
+    // Health and readiness stay open for probes.
+    for path in ["/health", "/ready"] {
         let r = call(&s, &Method::GET, path, &None, None).await;
         assert_eq!(r.status().as_u16(), 200, "{path}");
     }

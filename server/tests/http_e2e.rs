@@ -272,7 +272,7 @@ async fn api_keys_are_required_when_configured() {
     assert_eq!(r.status(), 200);
     let health = common::http().get(format!("{}/health", s.base)).send().await.expect("health");
     assert_eq!(health.status(), 200);
-    let metrics = common::http().get(format!("{}/metrics", s.base)).send().await.expect("metrics").text().await.expect("text");
+    let metrics = common::http().get(format!("{}/metrics", s.base)).bearer_auth("sekret").send().await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("spindle_kv_blocks_free"));
 }
 
@@ -328,8 +328,9 @@ async fn truncation_auto_drops_the_oldest_turns_but_disabled_refuses() {
     // The prompt the server builds for this request: the newest turns and the
     // new input survive, the oldest are gone, the instructions stay.
     let request = spindle_server::protocol::validate(body.clone(), &spindle_server::protocol::RequestLimits::default()).expect("valid");
-    let history = spindle_server::app::turn::history(&s.state, prev.as_deref()).expect("history");
-    let prompt = spindle_server::app::turn::prepare(&s.state, &request, history).expect("prepared").prompt;
+    let tenant = spindle_server::app::auth::Tenant::anonymous();
+    let history = spindle_server::app::turn::history(&s.state, prev.as_deref(), &tenant).expect("history");
+    let prompt = spindle_server::app::turn::prepare(&s.state, &request, history, &tenant).expect("prepared").prompt;
     let text = s.state.model.tokenizer.decode(&prompt, false).expect("decode");
     // The user turns in the prompt, by their markers (outputs may echo a marker).
     let kept: Vec<usize> = text

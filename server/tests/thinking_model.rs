@@ -10,6 +10,8 @@
 
 mod common;
 
+use spindle_server::app::auth::Tenant;
+
 use serde_json::{json, Value};
 use spindle_server::app::Limits;
 use spindle_server::protocol::{validate, RequestLimits};
@@ -169,8 +171,8 @@ async fn a_tool_loop_turn_extends_the_last_turn_token_for_token() {
         let mut prompts = Vec::new();
         for body in [&chained, &stateless] {
             let req = validate(body.clone(), &RequestLimits::default()).unwrap();
-            let history = spindle_server::app::turn::history(&s.state, req.previous_response_id.as_deref()).unwrap();
-            prompts.push(spindle_server::app::turn::prepare(&s.state, &req, history).unwrap().prompt);
+            let history = spindle_server::app::turn::history(&s.state, req.previous_response_id.as_deref(), &Tenant::anonymous()).unwrap();
+            prompts.push(spindle_server::app::turn::prepare(&s.state, &req, history, &Tenant::anonymous()).unwrap().prompt);
         }
         assert_eq!(prompts[0], prompts[1], "seed {seed}: chained and stateless turns render the same ids");
         if !prompts[0].starts_with(&recorded) {

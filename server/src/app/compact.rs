@@ -4,6 +4,7 @@
 //! new chain, where the summary is opened and rendered as context.
 
 use super::responses::{input_items_json, unix_now};
+use super::auth::Tenant;
 use super::state::AppState;
 use super::turn;
 use crate::protocol::error::ApiError;
@@ -12,7 +13,7 @@ use crate::protocol::request::{validate, RequestLimits};
 use crate::protocol::{to_chat_messages, InputItem};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -26,23 +27,23 @@ const SUMMARY_TOKENS: usize = 160;
 const SUMMARY_INSTRUCTIONS: &str = "You compress conversations. Summarize the conversation below in a few sentences. Keep facts, names, numbers, decisions and open tasks. Write only the summary.";
 
 /// POST /v1/responses/compact
-pub async fn compact(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match compact_inner(state, body).await {
+pub async fn compact(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, body: Result<Bytes, BytesRejection>) -> Response {
+    match compact_inner(state, body, &tenant).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn compact_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+async fn compact_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, tenant: &Tenant) -> Result<Value, ApiError> {
     let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
     let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
-    compact_value(state, value, None).await
+    compact_value(state, value, None, tenant).await
 }
 
 /// Compacts the conversation of a `/compact` body. `local_history` (the
 /// WebSocket connection's memory of `previous_response_id`) replaces the
 /// store lookup when given.
-pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Option<Vec<Value>>) -> Result<Value, ApiError> {
+pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Option<Vec<Value>>, tenant: &Tenant) -> Result<Value, ApiError> {
     if value.get("model").is_none_or(Value::is_null) {
         return Err(ApiError::invalid("model", "Missing required parameter: 'model'.").with_code("missing_required_parameter"));
     }
@@ -55,7 +56,7 @@ pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Op
     if req.model.as_deref() != Some(state.model.name.as_str()) {
         return Err(ApiError::model_not_found(req.model.as_deref().unwrap_or("")));
     }
-    let history = turn::resolve_history(&state, req.previous_response_id.clone(), local_history).await?;
+    let history = turn::resolve_history(&state, req.previous_response_id.clone(), local_history, tenant).await?;
     let mut json_items = history;
     json_items.extend(input_items_json(&req));
     let items: Vec<InputItem> = json_items
@@ -63,10 +64,10 @@ pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Op
         .map(|v| serde_json::from_value::<InputItem>(v.clone()))
         .collect::<Result<_, _>>()
         .map_err(|e| ApiError::internal(format!("a stored item no longer parses: {e}")))?;
-    let items = turn::open_compactions(&state, &items, "input")?;
+    let items = turn::open_compactions(&state, &items, "input", tenant)?;
     let keep_from = items.iter().rposition(is_user_message).unwrap_or(items.len());
-    let (summary, usage) = summarize(&state, req.instructions.as_deref(), &items[..keep_from]).await?;
-    let sealed = state.sealer.seal(json!({ "summary": summary }).to_string().as_bytes(), state.model.name.as_bytes());
+    let (summary, usage) = summarize(&state, req.instructions.as_deref(), &items[..keep_from], tenant).await?;
+    let sealed = state.sealer.seal(json!({ "summary": summary }).to_string().as_bytes(), &seal_context(&state, tenant));
     let mut output = vec![json!({
         "type": "compaction",
         "id": format!("cmp_{}", uuid::Uuid::new_v4().simple()),
@@ -82,13 +83,25 @@ pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Op
     }))
 }
 
+/// What a compaction item is sealed to: the model, and the tenant (so one
+/// key's summary never opens for another). The anonymous tenant of a server
+/// without keys seals to the model alone.
+pub(crate) fn seal_context(state: &AppState, tenant: &Tenant) -> Vec<u8> {
+    let mut context = state.model.name.as_bytes().to_vec();
+    if !tenant.as_str().is_empty() {
+        context.push(0);
+        context.extend_from_slice(tenant.as_str().as_bytes());
+    }
+    context
+}
+
 fn is_user_message(item: &InputItem) -> bool {
     matches!(item, InputItem::Message(m) if m.role == Role::User)
 }
 
 /// The model's summary of `items` (empty when there is nothing before the
 /// kept turn) and the usage of making it.
-async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputItem]) -> Result<(String, Value), ApiError> {
+async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputItem], tenant: &Tenant) -> Result<(String, Value), ApiError> {
     if items.is_empty() && instructions.is_none_or(str::is_empty) {
         return Ok((String::new(), usage_json(0, 0, 0)));
     }
@@ -116,7 +129,7 @@ async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputI
             max_tokens: SUMMARY_TOKENS,
             ..StopConditions::default()
         },
-        cache_salt: None,
+        cache_salt: tenant.cache_salt(None),
         constraint: None,
     };
     let mut stream = state.scheduler.submit(request).map_err(|e| ApiError::internal(e.to_string()))?;

@@ -27,8 +27,11 @@ pub struct Persist {
     pub reasoning: Option<super::reasoning::ReasoningSplitter>,
     /// `reasoning.summary` as asked (see [`super::summary`]).
     pub summary: Option<crate::protocol::ReasoningSummary>,
-    /// The request's `prompt_cache_key` (side generations share it).
+    /// The prefix-cache salt of the request (its tenant and
+    /// `prompt_cache_key`; side generations share it).
     pub cache_salt: Option<String>,
+    /// The tenant the response is stored for.
+    pub tenant: super::auth::Tenant,
     /// The prompt's ids; with the generated ids, recorded in the model's
     /// [`super::ledger::TokenLedger`] when the turn ends without failing.
     pub prompt: Vec<u32>,
@@ -311,6 +314,7 @@ async fn save(state: &Arc<AppState>, response: &Value, persist: Persist, events:
         background: persist.background,
         response: response.clone(),
         input_items: persist.input_items,
+        tenant: persist.tenant.as_str().to_string(),
     };
     let store = state.store.clone();
     let result = tokio::task::spawn_blocking(move || {

@@ -45,6 +45,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(ops::models))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/metrics", get(ops::metrics))
         .layer(middleware::from_fn_with_state(state.clone(), require_key));
     let lmsp_routes = Router::new()
         .route("/lmsp/v1/responses", post(lmsp::create))
@@ -60,7 +61,6 @@ pub fn app(state: Arc<AppState>) -> Router {
         .merge(lmsp_routes)
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))
-        .route("/metrics", get(ops::metrics))
         .fallback(|| async { ApiError::not_found("No such route.") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(405, crate::protocol::ErrorKind::InvalidRequest, "Method not allowed for this route.")
@@ -70,21 +70,35 @@ pub fn app(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn require_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// `/metrics` alone, without authentication, for a separate listen address
+/// (`--metrics-addr`) that only a scraper reaches.
+pub fn metrics_app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::metrics))
+        .fallback(|| async { ApiError::not_found("No such route.") })
+        .with_state(state)
+}
+
+/// Admits a request whose key is configured, with its [`auth::Tenant`] in
+/// the request's extensions for the handlers; `None` when it is refused.
+fn admit(state: &AppState, mut request: Request) -> Option<Request> {
     let auth = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if state.keys.accepts(auth) {
-        next.run(request).await
-    } else {
-        ApiError::unauthorized().into_response()
+    let tenant = state.keys.identify(auth)?;
+    request.extensions_mut().insert(tenant);
+    Some(request)
+}
+
+async fn require_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    match admit(&state, request) {
+        Some(request) => next.run(request).await,
+        None => ApiError::unauthorized().into_response(),
     }
 }
 
 async fn require_key_problem(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let auth = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if state.keys.accepts(auth) {
-        next.run(request).await
-    } else {
-        lmsp::problem::Problem(ApiError::unauthorized()).into_response()
+    match admit(&state, request) {
+        Some(request) => next.run(request).await,
+        None => lmsp::problem::Problem(ApiError::unauthorized()).into_response(),
     }
 }
 

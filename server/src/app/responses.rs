@@ -1,5 +1,6 @@
 //! `/v1/responses` handlers.
 
+use super::auth::Tenant;
 use super::drive::{drive, Persist, Sink};
 use super::reasoning::ReasoningSplitter;
 use super::sse;
@@ -8,11 +9,11 @@ use super::turn;
 use crate::protocol::error::ApiError;
 use crate::protocol::mapper::ResponseMapper;
 use crate::protocol::request::{validate, RequestLimits, ValidRequest};
-use crate::store::{Order, ResponseStore, StoredResponse};
+use crate::store::{Order, Owned, ResponseStore, StoreError, StoredResponse};
 use axum::body::{Body, Bytes};
 use super::error::query_error;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -24,17 +25,17 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 /// POST /v1/responses
-pub async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match create_inner(state, body).await {
+pub async fn create(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, body: Result<Bytes, BytesRejection>) -> Response {
+    match create_inner(state, body, tenant).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn create_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn create_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, tenant: Tenant) -> Result<Response, ApiError> {
     let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
     let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
-    let turn = start_turn(&state, value, None).await?;
+    let turn = start_turn(&state, value, None, &tenant).await?;
     let StartedTurn { req, stream, mapper, persist, id, .. } = turn;
     if req.background {
         return background(state, stream, mapper, persist, id, &req).await;
@@ -66,18 +67,18 @@ pub struct StartedTurn {
 }
 
 /// Validates a create body, resolves the conversation (from `local_history`
-/// when the caller has it, else from the store by `previous_response_id`),
-/// renders and submits the turn.
-pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Option<Vec<Value>>) -> Result<StartedTurn, ApiError> {
+/// when the caller has it, else from the tenant's stored responses by
+/// `previous_response_id`), renders and submits the turn for `tenant`.
+pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Option<Vec<Value>>, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
     let req = validate_for(state, value)?;
-    let history = turn::resolve_history(state, req.previous_response_id.clone(), local_history).await?;
+    let history = turn::resolve_history(state, req.previous_response_id.clone(), local_history, tenant).await?;
     // Rendering, tokenizing and compiling the grammar are CPU work: off the
     // async threads.
-    let (st, r) = (state.clone(), req.clone());
+    let (st, r, t) = (state.clone(), req.clone(), tenant.clone());
     let (history, stream, opens_thinking, prompt) = tokio::task::spawn_blocking(move || {
-        let prepared = turn::prepare(&st, &r, history)?;
+        let prepared = turn::prepare(&st, &r, history, &t)?;
         let opens_thinking = turn::prompt_opens_thinking(&st, &prepared.prompt);
-        let stream = turn::submit(&st, &r, prepared.prompt.clone())?;
+        let stream = turn::submit(&st, &r, prepared.prompt.clone(), &t)?;
         Ok::<_, ApiError>((prepared.history, stream, opens_thinking, prepared.prompt))
     })
     .await
@@ -86,7 +87,8 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
     let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
     let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt,
-        summary: req.reasoning.and_then(|r| r.summary), cache_salt: req.prompt_cache_key.clone() };
+        summary: req.reasoning.and_then(|r| r.summary), cache_salt: tenant.cache_salt(req.prompt_cache_key.as_deref()),
+        tenant: tenant.clone() };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
 }
 
@@ -136,6 +138,7 @@ async fn background(
         background: true,
         response: queued.clone(),
         input_items: persist.input_items.clone(),
+        tenant: persist.tenant.as_str().to_string(),
     };
     with_store(&state, move |s| s.put(&record)).await?;
     if let Ok(mut running) = state.running.lock() {
@@ -211,9 +214,24 @@ pub(crate) async fn with_store<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("response store: {e}")))
 }
 
-async fn load(state: &Arc<AppState>, id: String) -> Result<StoredResponse, ApiError> {
-    let missing = ApiError::not_found(format!("No response found with id '{id}'."));
-    with_store(state, move |s| s.get(&id)).await?.ok_or(missing)
+/// Run a store call on `tenant`'s view of the store ([`Owned`]), off the
+/// async threads.
+pub(crate) async fn with_owned<T: Send + 'static>(
+    state: &Arc<AppState>,
+    tenant: &Tenant,
+    call: impl FnOnce(Owned<'_>) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let tenant = tenant.clone();
+    with_store(state, move |s| call(Owned::new(s, tenant.as_str()))).await
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("No response found with id '{id}'."))
+}
+
+async fn load(state: &Arc<AppState>, tenant: &Tenant, id: String) -> Result<StoredResponse, ApiError> {
+    let missing = not_found(&id);
+    with_owned(state, tenant, move |s| s.get(&id)).await?.ok_or(missing)
 }
 
 /// Query of GET /v1/responses/{id}.
@@ -226,34 +244,35 @@ pub struct RetrieveQuery {
 /// GET /v1/responses/{id} (with `?stream=true` it replays the stored events).
 pub async fn retrieve(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
     q: Result<Query<RetrieveQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = q.map_err(query_error)?;
-    let record = load(&state, id.clone()).await?;
+    let record = load(&state, &tenant, id.clone()).await?;
     if q.stream != Some(true) {
         return Ok(Json(record.response).into_response());
     }
-    let events = with_store(&state, move |s| s.events(&id, q.starting_after)).await?.unwrap_or_default();
+    let events = with_owned(&state, &tenant, move |s| s.events(&id, q.starting_after)).await?.unwrap_or_default();
     let mut body: String = events.iter().map(sse::frame).collect();
     body.push_str(sse::DONE);
     Ok(sse_response(Body::from(body)))
 }
 
 /// DELETE /v1/responses/{id}
-pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn delete(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let key = id.clone();
-    let deleted = with_store(&state, move |s| s.delete(&key)).await?;
-    state.model.ledger.forget(&id);
+    let deleted = with_owned(&state, &tenant, move |s| s.delete(&key)).await?;
     if !deleted {
-        return Err(ApiError::not_found(format!("No response found with id '{id}'.")));
+        return Err(not_found(&id));
     }
+    state.model.ledger.forget(&id);
     Ok(Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response())
 }
 
 /// POST /v1/responses/{id}/cancel (background responses only).
-pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let record = load(&state, id.clone()).await?;
+pub async fn cancel(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let record = load(&state, &tenant, id.clone()).await?;
     if !record.background {
         return Err(ApiError::invalid("response_id", "Only background responses can be cancelled."));
     }
@@ -281,6 +300,7 @@ pub struct ListQuery {
 /// GET /v1/responses/{id}/input_items
 pub async fn input_items(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -292,9 +312,9 @@ pub async fn input_items(
         Some(_) => return Err(ApiError::invalid("order", "order must be 'asc' or 'desc'")),
     };
     let key = id.clone();
-    let items = with_store(&state, move |s| s.input_items(&key, q.after.as_deref(), limit + 1, order))
+    let items = with_owned(&state, &tenant, move |s| s.input_items(&key, q.after.as_deref(), limit + 1, order))
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("No response found with id '{id}'.")))?;
+        .ok_or_else(|| not_found(&id))?;
     let has_more = items.len() > limit;
     let data: Vec<Value> = items.into_iter().take(limit).collect();
     let first = data.first().and_then(|v| v.get("id")).cloned().unwrap_or(Value::Null);

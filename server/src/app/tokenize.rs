@@ -4,13 +4,14 @@
 //! them (the same validation, template, tools section and tokenization), so a
 //! client can see, and a test can check, the prompt a request will get.
 
+use super::auth::Tenant;
 use super::responses::{check_model, validate_for};
 use super::state::AppState;
 use super::turn;
 use crate::protocol::error::ApiError;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -50,9 +51,9 @@ struct DetokenizeBody {
 }
 
 /// POST /tokenize.
-pub async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn tokenize(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, body: Result<Bytes, BytesRejection>) -> Response {
     match parse::<TokenizeBody>(&state, body) {
-        Ok(b) => off_thread(state, move |st| tokenize_body(st, b)).await,
+        Ok(b) => off_thread(state, move |st| tokenize_body(st, b, &tenant)).await,
         Err(e) => e.into_response(),
     }
 }
@@ -80,7 +81,7 @@ async fn off_thread(state: Arc<AppState>, work: impl FnOnce(&AppState) -> Result
     }
 }
 
-fn tokenize_body(state: &AppState, b: TokenizeBody) -> Result<Value, ApiError> {
+fn tokenize_body(state: &AppState, b: TokenizeBody, tenant: &Tenant) -> Result<Value, ApiError> {
     check_model(state, b.model.as_deref())?;
     let tokens = match (b.prompt, b.messages) {
         (Some(prompt), None) => {
@@ -91,7 +92,7 @@ fn tokenize_body(state: &AppState, b: TokenizeBody) -> Result<Value, ApiError> {
             if b.add_generation_prompt == Some(false) {
                 return Err(ApiError::invalid("add_generation_prompt", "Only true is supported: the prompt ends where the answer begins."));
             }
-            chat_prompt(state, messages, b.tools)?
+            chat_prompt(state, messages, b.tools, tenant)?
         }
         _ => return Err(ApiError::invalid("prompt", "Send exactly one of 'prompt' (text) and 'messages' (chat messages).")),
     };
@@ -99,14 +100,15 @@ fn tokenize_body(state: &AppState, b: TokenizeBody) -> Result<Value, ApiError> {
     serde_json::to_value(tokenized).map_err(|e| ApiError::internal(e.to_string()))
 }
 
-/// The prompt ids `/v1/responses` would run for these messages as its `input`.
-fn chat_prompt(state: &AppState, messages: Vec<Value>, tools: Option<Value>) -> Result<Vec<u32>, ApiError> {
+/// The prompt ids `/v1/responses` would run for these messages as its `input`
+/// (compaction items open only for the tenant that made them).
+fn chat_prompt(state: &AppState, messages: Vec<Value>, tools: Option<Value>, tenant: &Tenant) -> Result<Vec<u32>, ApiError> {
     let mut request = json!({"model": state.model.name, "input": messages, "store": false});
     if let Some(tools) = tools {
         request["tools"] = tools;
     }
     let req = validate_for(state, request).map_err(|e| e.renamed_param("input", "messages"))?;
-    Ok(turn::prepare(state, &req, Vec::new())?.prompt)
+    Ok(turn::prepare(state, &req, Vec::new(), tenant)?.prompt)
 }
 
 fn detokenize_body(state: &AppState, b: DetokenizeBody) -> Result<Value, ApiError> {

@@ -1,6 +1,7 @@
 //! Preparing one turn: the conversation so far (from `previous_response_id`),
 //! the chat-template prompt, truncation, and submission to the scheduler.
 
+use super::auth::Tenant;
 use super::state::AppState;
 use super::tools;
 use crate::protocol::error::ApiError;
@@ -26,21 +27,22 @@ pub async fn resolve_history(
     state: &std::sync::Arc<AppState>,
     previous: Option<String>,
     local_history: Option<Vec<Value>>,
+    tenant: &Tenant,
 ) -> Result<Vec<Value>, ApiError> {
     if let Some(items) = local_history {
         return Ok(items);
     }
-    let st = state.clone();
-    tokio::task::spawn_blocking(move || history(&st, previous.as_deref()))
+    let (st, tenant) = (state.clone(), tenant.clone());
+    tokio::task::spawn_blocking(move || history(&st, previous.as_deref(), &tenant))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
-/// Items of every earlier turn, oldest first, as stored JSON.
-pub fn history(state: &AppState, previous: Option<&str>) -> Result<Vec<Value>, ApiError> {
+/// Items of every earlier turn, oldest first, as stored JSON (only the
+/// tenant's own: another tenant's response is not found).
+pub fn history(state: &AppState, previous: Option<&str>, tenant: &Tenant) -> Result<Vec<Value>, ApiError> {
     let Some(id) = previous else { return Ok(Vec::new()) };
-    let chain = state
-        .store
+    let chain = crate::store::Owned::new(state.store.as_ref(), tenant.as_str())
         .chain(id)
         .map_err(|e| ApiError::internal(format!("response store: {e}")))?
         .ok_or_else(|| ApiError::previous_response_not_found(id))?;
@@ -56,15 +58,15 @@ pub fn history(state: &AppState, previous: Option<&str>) -> Result<Vec<Value>, A
 
 /// Render and tokenize; with `truncation: auto` drop the oldest history items
 /// until the prompt leaves room for at least one output token.
-pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Result<PreparedTurn, ApiError> {
+pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>, tenant: &Tenant) -> Result<PreparedTurn, ApiError> {
     let parsed: Vec<InputItem> = history
         .iter()
         .map(|v| serde_json::from_value::<InputItem>(v.clone()))
         .collect::<Result<_, _>>()
         .map_err(|e| ApiError::internal(format!("a stored item no longer parses: {e}")))?;
     check_call_ids(&parsed, &req.input)?;
-    let parsed = open_compactions(state, &parsed, "previous_response_id")?;
-    let input = open_compactions(state, &req.input, "input")?;
+    let parsed = open_compactions(state, &parsed, "previous_response_id", tenant)?;
+    let input = open_compactions(state, &req.input, "input", tenant)?;
     // The prompt must fit the context window and, with room for one output
     // token, the KV pool.
     let limit = state.model.context_length.min(state.scheduler.limits().cache_tokens());
@@ -87,8 +89,10 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>) -> Res
 }
 
 /// Replaces each `compaction` item with the summary it seals (as a message);
-/// one this server did not seal for this model is a 400 naming the item.
-pub fn open_compactions(state: &AppState, items: &[InputItem], param: &str) -> Result<Vec<InputItem>, ApiError> {
+/// one this server did not seal for this model and tenant is a 400 naming
+/// the item.
+pub fn open_compactions(state: &AppState, items: &[InputItem], param: &str, tenant: &Tenant) -> Result<Vec<InputItem>, ApiError> {
+    let context = super::compact::seal_context(state, tenant);
     items
         .iter()
         .enumerate()
@@ -100,7 +104,7 @@ pub fn open_compactions(state: &AppState, items: &[InputItem], param: &str) -> R
                         "The compaction item's encrypted_content was not produced by this server for this model.",
                     )
                 };
-                let plain = state.sealer.open(&c.encrypted_content, state.model.name.as_bytes()).map_err(|_| invalid())?;
+                let plain = state.sealer.open(&c.encrypted_content, &context).map_err(|_| invalid())?;
                 let value: Value = serde_json::from_slice(&plain).map_err(|_| invalid())?;
                 Ok(super::compact::summary_message(value["summary"].as_str().unwrap_or("")))
             }
@@ -150,8 +154,9 @@ fn render(state: &AppState, req: &ValidRequest, items: &[InputItem], exact: bool
         .map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
 }
 
-/// Submit to the scheduler with the request's sampling and limits.
-pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<EventStream, ApiError> {
+/// Submit to the scheduler with the request's sampling and limits, its
+/// prompt cached under the tenant's salt.
+pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>, tenant: &Tenant) -> Result<EventStream, ApiError> {
     let s = &req.sampling;
     let sampling = SamplingParams {
         temperature: s.temperature.unwrap_or(1.0) as f32,
@@ -175,7 +180,7 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>) -> Result<
             max_tokens,
             ..StopConditions::default()
         },
-        cache_salt: req.prompt_cache_key.clone(),
+        cache_salt: tenant.cache_salt(req.prompt_cache_key.as_deref()),
         constraint,
     };
     state.scheduler.submit(request).map_err(submit_error)

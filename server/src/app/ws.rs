@@ -7,13 +7,14 @@
 //! `POST /v1/responses/compact` (answered by one `response.compaction`
 //! message); its output starts a new chain.
 
+use super::auth::Tenant;
 use super::drive::{drive, Sink};
 use super::responses::{start_turn, StartedTurn};
 use super::state::AppState;
 use crate::protocol::error::ApiError;
 use crate::protocol::ErrorKind;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
@@ -30,9 +31,9 @@ const LOCAL_RESPONSES: usize = 16;
 const PING_EVERY: Duration = Duration::from_secs(30);
 
 /// GET /v1/responses with an upgrade: the WebSocket transport.
-pub async fn upgrade(State(state): State<Arc<AppState>>, ws: WebSocketUpgrade) -> Response {
+pub async fn upgrade(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, ws: WebSocketUpgrade) -> Response {
     let max = state.limits.max_body_bytes;
-    ws.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| connection(state, socket))
+    ws.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| connection(state, socket, tenant))
 }
 
 /// The conversations of this connection's recent responses (oldest evicted first).
@@ -91,7 +92,7 @@ async fn finished(running: &mut Option<Running>) -> Result<TurnOutcome, tokio::t
     }
 }
 
-async fn connection(state: Arc<AppState>, socket: WebSocket) {
+async fn connection(state: Arc<AppState>, socket: WebSocket, tenant: Tenant) {
     let (mut ws_tx, mut ws_rx) = socket.split();
     let (out, mut out_rx) = mpsc::channel::<Message>(64);
     let writer = tokio::spawn(async move {
@@ -132,12 +133,12 @@ async fn connection(state: Arc<AppState>, socket: WebSocket) {
                     if value["type"] == "response.compact" {
                         let history = value["previous_response_id"].as_str().and_then(|id| local.get(id));
                         let ending = Arc::new(AtomicBool::new(false));
-                        let handle = tokio::spawn(run_compact(state.clone(), value, history, out.clone(), ending.clone()));
+                        let handle = tokio::spawn(run_compact(state.clone(), value, history, tenant.clone(), out.clone(), ending.clone()));
                         running = Some(Running { handle, previous: None, ending });
                         continue;
                     }
                     let previous = value["previous_response_id"].as_str().map(str::to_string);
-                    match begin(&state, value, &local).await {
+                    match begin(&state, value, &local, &tenant).await {
                         Ok(turn) => {
                             let ending = Arc::new(AtomicBool::new(false));
                             let handle = tokio::spawn(run_turn(state.clone(), turn, out.clone(), ending.clone()));
@@ -201,7 +202,7 @@ fn close_for(error: axum::Error) -> Option<Message> {
 /// Checks the WebSocket-only rules, then starts the turn with the
 /// connection's memory of `previous_response_id` (falling back to the store,
 /// which never holds `store: false` responses).
-async fn begin(state: &Arc<AppState>, mut value: Value, local: &LocalResponses) -> Result<StartedTurn, ApiError> {
+async fn begin(state: &Arc<AppState>, mut value: Value, local: &LocalResponses, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
     let Some(body) = value.as_object_mut() else {
         return Err(ApiError::invalid("type", "Expected a JSON object with \"type\": \"response.create\"."));
     };
@@ -215,7 +216,7 @@ async fn begin(state: &Arc<AppState>, mut value: Value, local: &LocalResponses) 
         }
     }
     let local_history = body.get("previous_response_id").and_then(Value::as_str).and_then(|id| local.get(id));
-    start_turn(state, value, local_history).await
+    start_turn(state, value, local_history, tenant).await
 }
 
 async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Message>, ending: Arc<AtomicBool>) -> TurnOutcome {
@@ -245,11 +246,18 @@ async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Mes
 /// `response.compaction` message, or an error. A `previous_response_id`
 /// resolves from the connection's memory first, so `store: false` chains
 /// can be compacted too.
-async fn run_compact(state: Arc<AppState>, mut value: Value, history: Option<Vec<Value>>, out: mpsc::Sender<Message>, ending: Arc<AtomicBool>) -> TurnOutcome {
+async fn run_compact(
+    state: Arc<AppState>,
+    mut value: Value,
+    history: Option<Vec<Value>>,
+    tenant: Tenant,
+    out: mpsc::Sender<Message>,
+    ending: Arc<AtomicBool>,
+) -> TurnOutcome {
     if let Some(body) = value.as_object_mut() {
         body.remove("type");
     }
-    let result = super::compact::compact_value(state, value, history).await;
+    let result = super::compact::compact_value(state, value, history, &tenant).await;
     ending.store(true, Ordering::Release);
     match result {
         Ok(mut compaction) => {

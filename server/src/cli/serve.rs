@@ -28,6 +28,15 @@ pub struct ServeArgs {
     /// API keys clients must send as `Authorization: Bearer <key>` (repeatable; env: comma-separated).
     #[arg(long = "api-key", env = "SPINDLE_API_KEYS", value_delimiter = ',')]
     api_keys: Vec<String>,
+    /// A file of API keys, one per line: `KEY` (its own tenant) or `TENANT KEY`
+    /// (keys with one tenant name share their stored responses and cache).
+    #[arg(long, env = "SPINDLE_API_KEY_FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Serve `/metrics` without a key on this separate address (e.g.
+    /// 127.0.0.1:9090) for a scraper; on the main address it needs a key
+    /// whenever keys are configured.
+    #[arg(long, env = "SPINDLE_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// Allow binding a non-loopback address without API keys.
     #[arg(long)]
     allow_unauthenticated: bool,
@@ -70,7 +79,7 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     super::init_threads(args.engine.threads)?;
     let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse()?;
-    let keys = ApiKeys::new(args.api_keys.clone());
+    let keys = api_keys(&args)?;
     if !addr.ip().is_loopback() && !keys.enabled() && !args.allow_unauthenticated {
         anyhow::bail!("refusing to serve {addr} without --api-key (or pass --allow-unauthenticated)");
     }
@@ -105,7 +114,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         draining: tokio::sync::watch::channel(false).0,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(serve(addr, state, Duration::from_secs(args.store_ttl_hours * 3600)))
+    runtime.block_on(serve(addr, args.metrics_addr, state, Duration::from_secs(args.store_ttl_hours * 3600)))
+}
+
+/// The keys of `--api-key` and `--api-key-file`, with their tenants.
+fn api_keys(args: &ServeArgs) -> anyhow::Result<ApiKeys> {
+    let mut keys = ApiKeys::new(args.api_keys.clone());
+    if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading --api-key-file {}: {e}", path.display()))?;
+        keys = keys.with_file_contents(&text).map_err(|e| anyhow::anyhow!("--api-key-file {}: {e}", path.display()))?;
+    }
+    if keys.enabled() {
+        tracing::info!("API keys required; {} tenants, each seeing only its own stored responses, tasks and cached prefixes", keys.tenant_count());
+    }
+    Ok(keys)
 }
 
 /// Loads the model on the chosen device and starts its scheduler.
@@ -125,9 +147,15 @@ fn start_engine(args: &ServeArgs) -> anyhow::Result<Started> {
 /// are failed with a terminal event.
 const DRAIN_PERIOD: Duration = Duration::from_secs(20);
 
-async fn serve(addr: SocketAddr, state: Arc<AppState>, store_ttl: Duration) -> anyhow::Result<()> {
+async fn serve(addr: SocketAddr, metrics_addr: Option<SocketAddr>, state: Arc<AppState>, store_ttl: Duration) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
+    if let Some(metrics_addr) = metrics_addr {
+        let metrics_listener = tokio::net::TcpListener::bind(metrics_addr).await?;
+        tracing::info!("metrics on http://{}/metrics", metrics_listener.local_addr()?);
+        let router = app::metrics_app(state.clone());
+        tokio::spawn(async move { axum::serve(metrics_listener, router).await });
+    }
     spawn_store_expiry(state.clone(), store_ttl);
     let drain_state = state.clone();
     let signal = async move {

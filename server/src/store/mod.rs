@@ -16,6 +16,7 @@
 
 pub mod memory;
 mod memory_tasks;
+pub mod owned;
 pub mod sqlite;
 mod sqlite_tasks;
 pub mod tasks;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use memory::MemoryStore;
+pub use owned::Owned;
 pub use sqlite::SqliteStore;
 pub use tasks::{TaskEvent, TaskRecord, TaskStore};
 
@@ -97,6 +99,9 @@ pub struct StoredResponse {
     pub response: Value,
     /// This turn's input items, normalized, each with an `id` (oldest first).
     pub input_items: Vec<Value>,
+    /// The tenant that created it (empty: the anonymous tenant of a server
+    /// without keys). Only [`Owned`] views of the same tenant see it.
+    pub tenant: String,
 }
 
 impl StoredResponse {
@@ -214,6 +219,12 @@ pub trait ResponseStore: TaskStore + Send + Sync {
 
     /// The stored response with this id, or `None`.
     fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError>;
+
+    /// The tenant that owns the response with this id, or `None` when it is
+    /// not stored (a cheaper read than [`ResponseStore::get`]).
+    fn tenant_of(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.get(id)?.map(|r| r.tenant))
+    }
 
     /// Deletes a response with its input items and events. `true` if it existed.
     fn delete(&self, id: &str) -> Result<bool, StoreError>;

@@ -32,7 +32,7 @@ use super::{
 };
 
 /// The schema version this build writes and reads (the `schema_version` table).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Tables and indexes of [`SCHEMA_VERSION`] 1. `bytes` is the response JSON plus its input
 /// items; `event_bytes` is its stored events. Unfinished statuses are `queued`/`in_progress`.
@@ -86,6 +86,10 @@ CREATE TABLE task_events (
     PRIMARY KEY (task_id, seq)
 ) WITHOUT ROWID;
 ";
+
+/// Version 3 records which tenant owns each response (rows from before it
+/// belong to the anonymous tenant of a server without keys).
+const SCHEMA_V3: &str = "ALTER TABLE responses ADD COLUMN tenant TEXT NOT NULL DEFAULT '';";
 
 /// How long to wait for the file lock (only another process can hold it).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -218,17 +222,14 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let version: Option<i64> =
         tx.query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))?;
     match version {
-        None => {
-            tx.execute_batch(SCHEMA_V1)?;
-            tx.execute_batch(SCHEMA_V2)?;
-            tx.execute(
-                "INSERT INTO schema_version (version) VALUES (?1)",
-                [SCHEMA_VERSION],
-            )?;
-        }
-        Some(1) => {
-            tx.execute_batch(SCHEMA_V2)?;
-            tx.execute("INSERT INTO schema_version (version) VALUES (2)", [])?;
+        None | Some(1..SCHEMA_VERSION) => {
+            let from = version.unwrap_or(0);
+            for (to, schema) in [(1, SCHEMA_V1), (2, SCHEMA_V2), (3, SCHEMA_V3)] {
+                if from < to {
+                    tx.execute_batch(schema)?;
+                }
+            }
+            tx.execute("INSERT INTO schema_version (version) VALUES (?1)", [SCHEMA_VERSION])?;
         }
         Some(SCHEMA_VERSION) => {}
         Some(other) => {
@@ -285,7 +286,7 @@ fn delete_rows(conn: &Connection, id: &str) -> Result<bool, StoreError> {
 fn read_record(conn: &Connection, id: &str) -> Result<Option<StoredResponse>, StoreError> {
     let row = conn
         .prepare_cached(
-            "SELECT created_at, status, previous_response_id, background, response
+            "SELECT created_at, status, previous_response_id, background, response, tenant
              FROM responses WHERE id = ?1",
         )?
         .query_row([id], |r| {
@@ -295,10 +296,11 @@ fn read_record(conn: &Connection, id: &str) -> Result<Option<StoredResponse>, St
                 r.get::<_, Option<String>>(2)?,
                 r.get::<_, bool>(3)?,
                 r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
             ))
         })
         .optional()?;
-    let Some((created_at, status, previous_response_id, background, response)) = row else {
+    let Some((created_at, status, previous_response_id, background, response, tenant)) = row else {
         return Ok(None);
     };
     let mut stmt =
@@ -318,6 +320,7 @@ fn read_record(conn: &Connection, id: &str) -> Result<Option<StoredResponse>, St
         background,
         response: serde_json::from_str(&response)?,
         input_items,
+        tenant,
     }))
 }
 
@@ -421,13 +424,13 @@ impl ResponseStore for SqliteStore {
             .optional()?;
         tx.prepare_cached(
             "INSERT INTO responses
-                 (id, created_at, status, previous_response_id, background, response, bytes)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 (id, created_at, status, previous_response_id, background, response, bytes, tenant)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
              ON CONFLICT(id) DO UPDATE SET
                  created_at = excluded.created_at, status = excluded.status,
                  previous_response_id = excluded.previous_response_id,
                  background = excluded.background, response = excluded.response,
-                 bytes = excluded.bytes",
+                 bytes = excluded.bytes, tenant = excluded.tenant",
         )?
         .execute(params![
             rec.id,
@@ -436,7 +439,8 @@ impl ResponseStore for SqliteStore {
             rec.previous_response_id,
             rec.background,
             response,
-            to_i64(bytes)
+            to_i64(bytes),
+            rec.tenant
         ])?;
         tx.prepare_cached("DELETE FROM input_items WHERE response_id = ?1")?
             .execute([&rec.id])?;
@@ -466,6 +470,12 @@ impl ResponseStore for SqliteStore {
 
     fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
         read_record(&self.lock().conn, id)
+    }
+
+    fn tenant_of(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let inner = self.lock();
+        let mut stmt = inner.conn.prepare_cached("SELECT tenant FROM responses WHERE id = ?1")?;
+        Ok(stmt.query_row([id], |r| r.get(0)).optional()?)
     }
 
     fn delete(&self, id: &str) -> Result<bool, StoreError> {

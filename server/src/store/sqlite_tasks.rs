@@ -136,4 +136,25 @@ mod tests {
         let store = SqliteStore::open(&path, StoreConfig::default()).unwrap();
         crate::store::tasks::conformance::check(&store);
     }
+
+    #[test]
+    fn a_version_1_database_keeps_its_responses_for_the_anonymous_tenant() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::store::ResponseStore;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("old.sqlite3");
+        {
+            let conn = Connection::open(&path)?;
+            conn.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (1);")?;
+            conn.execute_batch(super::super::sqlite::SCHEMA_V1_FOR_TESTS)?;
+            conn.execute(
+                "INSERT INTO responses (id, created_at, status, background, response, bytes) VALUES ('resp_old', 1, 'completed', 0, '{}', 2)",
+                [],
+            )?;
+        }
+        let store = SqliteStore::open(&path, StoreConfig::default())?;
+        assert_eq!(store.tenant_of("resp_old")?.as_deref(), Some(""));
+        assert!(crate::store::Owned::new(&store, "").get("resp_old")?.is_some());
+        assert!(crate::store::Owned::new(&store, "key-0123").get("resp_old")?.is_none());
+        Ok(())
+    }
 }

@@ -32,6 +32,10 @@ pub struct TaskRecord {
     pub last_event_id: u64,
     /// The final LMSP response object (`null` while running).
     pub response: Value,
+    /// The tenant that created it (empty: the anonymous tenant; tasks
+    /// stored before tenants existed read as that).
+    #[serde(default)]
+    pub tenant: String,
 }
 
 impl TaskRecord {
@@ -130,7 +134,7 @@ pub(crate) mod conformance {
     use super::*;
 
     fn task(id: &str, status: &str) -> TaskRecord {
-        TaskRecord { id: id.into(), response_id: format!("resp_{id}"), created_at: 100, status: status.into(),
+        TaskRecord { id: id.into(), response_id: format!("resp_{id}"), created_at: 100, status: status.into(), tenant: String::new(),
             finished_at: None, last_event_id: 0, response: Value::Null }
     }
 

@@ -36,6 +36,7 @@ pub fn rec(id: &str, created_at: i64, status: &str, prev: Option<&str>) -> Store
         status: status.to_owned(),
         previous_response_id: prev.map(str::to_owned),
         background: false,
+        tenant: String::new(),
         response: json!({
             "id": id, "object": "response", "created_at": created_at, "status": status,
             "previous_response_id": prev, "error": null, "store": true,

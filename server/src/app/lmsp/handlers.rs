@@ -5,13 +5,14 @@ use super::map::{event_from_engine, request_to_engine, response_from_engine, sse
 use super::problem::Problem;
 use super::{CAPABILITIES, LMSP_VERSION};
 use crate::app::drive::{drive, Sink};
-use crate::app::responses::{start_turn, with_store, StartedTurn};
+use crate::app::auth::Tenant;
+use crate::app::responses::{start_turn, with_owned, StartedTurn};
 use crate::app::state::AppState;
 use crate::protocol::error::ApiError;
 use crate::protocol::ErrorKind;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -21,25 +22,25 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 /// POST /lmsp/v1/responses
-pub async fn create(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match create_inner(state, headers, body).await {
+pub async fn create(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    match create_inner(state, headers, body, tenant).await {
         Ok(r) => r,
         Err(p) => p.into_response(),
     }
 }
 
-async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>, tenant: Tenant) -> Result<Response, Problem> {
     check_version(&headers)?;
     let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
     let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
     let streaming = value["stream"].as_bool().unwrap_or(false);
     let Some(key) = header_key(&headers) else {
-        return if streaming { stream(state, &value).await } else { Ok(outcome_response(run_sync(&state, &value).await)) };
+        return if streaming { stream(state, &value, &tenant).await } else { Ok(outcome_response(run_sync(&state, &value, &tenant).await)) };
     };
     if streaming {
         return Err(ApiError::invalid("stream", "Idempotency-Key applies to non-streaming requests; for resumable streamed output create a task.").into());
     }
-    let outcome = run_once(&state.idempotency, "", &headers, &key, &body, || run_sync(&state, &value)).await?;
+    let outcome = run_once(&state.idempotency, "", &headers, &key, &body, || run_sync(&state, &value, &tenant)).await?;
     Ok(outcome_response(outcome))
 }
 
@@ -56,15 +57,15 @@ pub(super) fn check_version(headers: &HeaderMap) -> Result<(), Problem> {
 }
 
 /// Runs a non-streaming request to its end: (status, body).
-async fn run_sync(state: &Arc<AppState>, value: &Value) -> (u16, String) {
-    match run_sync_inner(state, value).await {
+async fn run_sync(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> (u16, String) {
+    match run_sync_inner(state, value, tenant).await {
         Ok(v) => (200, v.to_string()),
         Err(p) => (p.0.status, p.to_value().to_string()),
     }
 }
 
-async fn run_sync_inner(state: &Arc<AppState>, value: &Value) -> Result<Value, Problem> {
-    let turn = start_turn(state, request_to_engine(value)?, None).await?;
+async fn run_sync_inner(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> Result<Value, Problem> {
+    let turn = start_turn(state, request_to_engine(value)?, None, tenant).await?;
     let StartedTurn { stream, mapper, persist, .. } = turn;
     let response = drive(state.clone(), stream, mapper, None, persist).await;
     if response["status"] == "failed" {
@@ -83,8 +84,8 @@ pub(super) fn outcome_response((status, body): (u16, String)) -> Response {
 }
 
 /// Streams LMSP events (integer ids from 1); the stream belongs to this connection.
-async fn stream(state: Arc<AppState>, value: &Value) -> Result<Response, Problem> {
-    let turn = start_turn(&state, request_to_engine(value)?, None).await?;
+async fn stream(state: Arc<AppState>, value: &Value, tenant: &Tenant) -> Result<Response, Problem> {
+    let turn = start_turn(&state, request_to_engine(value)?, None, tenant).await?;
     let StartedTurn { stream, mapper, persist, id, .. } = turn;
     let (engine_tx, mut engine_rx) = mpsc::channel::<String>(64);
     let (tx, rx) = mpsc::channel::<String>(64);
@@ -110,9 +111,9 @@ async fn stream(state: Arc<AppState>, value: &Value) -> Result<Response, Problem
 }
 
 /// GET /lmsp/v1/responses/{id}: a response saved with `store: true`.
-pub async fn retrieve(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn retrieve(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Response {
     let key = id.clone();
-    match with_store(&state, move |s| s.get(&key)).await {
+    match with_owned(&state, &tenant, move |s| s.get(&key)).await {
         Ok(Some(stored)) => outcome_response((200, response_from_engine(&stored.response).to_string())),
         Ok(None) => Problem(ApiError::not_found(format!("No stored response with id '{id}'.")).with_code("response_not_found")).into_response(),
         Err(e) => Problem(e).into_response(),

@@ -24,9 +24,9 @@ impl TaskHub {
         self.map().insert(task.id.clone(), task);
     }
 
-    /// The running task with this id.
-    pub fn get(&self, id: &str) -> Option<Arc<LiveTask>> {
-        self.map().get(id).cloned()
+    /// The running task with this id, if `tenant` owns it.
+    pub fn get(&self, id: &str, tenant: &str) -> Option<Arc<LiveTask>> {
+        self.map().get(id).filter(|t| t.tenant == tenant).cloned()
     }
 
     /// Forgets a task (after its history is stored).
@@ -57,6 +57,8 @@ pub struct LiveTask {
     pub id: String,
     /// The scheduler request (for cancel).
     pub request: RequestId,
+    /// The tenant that created it.
+    pub tenant: String,
     cancel_requested: AtomicBool,
     state: Mutex<LiveState>,
     published: watch::Sender<u64>,
@@ -74,6 +76,7 @@ impl LiveTask {
         Arc::new(Self {
             id: record.id.clone(),
             request,
+            tenant: record.tenant.clone(),
             cancel_requested: AtomicBool::new(false),
             state: Mutex::new(LiveState { record, events: Vec::new() }),
             published: watch::channel(0).0,
@@ -146,7 +149,7 @@ mod tests {
     #[tokio::test]
     async fn readers_see_events_after_their_id_and_wake_on_publish() {
         let record = TaskRecord { id: "t".into(), response_id: "r".into(), created_at: 0, status: "queued".into(),
-            finished_at: None, last_event_id: 0, response: Value::Null };
+            finished_at: None, last_event_id: 0, response: Value::Null, tenant: String::new() };
         let task = LiveTask::new(record, 1);
         let mut rx = task.subscribe();
         task.publish(&[ev(1), ev(2)]);
@@ -157,7 +160,8 @@ mod tests {
         assert!(task.events_after(3).is_empty());
         let hub = TaskHub::default();
         hub.insert(task.clone());
-        assert!(hub.get("t").is_some());
+        assert!(hub.get("t", "").is_some());
+        assert!(hub.get("t", "someone-else").is_none(), "another tenant sees the task");
         hub.remove("t");
         assert!(hub.is_empty());
     }

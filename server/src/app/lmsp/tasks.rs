@@ -10,7 +10,8 @@ use super::map::{request_to_engine, sse_frame};
 use super::problem::Problem;
 use super::task_run::run_task;
 use super::LMSP_VERSION;
-use crate::app::responses::{start_turn, unix_now, with_store, StartedTurn};
+use crate::app::auth::Tenant;
+use crate::app::responses::{start_turn, unix_now, with_owned, with_store, StartedTurn};
 use crate::app::sse;
 use crate::app::state::AppState;
 use crate::protocol::error::ApiError;
@@ -18,7 +19,7 @@ use crate::protocol::ErrorKind;
 use crate::store::{TaskEvent, TaskRecord};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -35,36 +36,36 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
 
 /// POST /lmsp/v1/tasks: 202 with the task object (and `Location`).
-pub async fn create(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match create_inner(state, headers, body).await {
+pub async fn create(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    match create_inner(state, headers, body, tenant).await {
         Ok(r) => r,
         Err(p) => p.into_response(),
     }
 }
 
-async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, Problem> {
+async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>, tenant: Tenant) -> Result<Response, Problem> {
     check_version(&headers)?;
     let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
     let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
     let Some(key) = header_key(&headers) else {
-        return Ok(outcome_response(start(&state, &value).await));
+        return Ok(outcome_response(start(&state, &value, &tenant).await));
     };
-    let outcome = run_once(&state.idempotency, "tasks:", &headers, &key, &body, || start(&state, &value)).await?;
+    let outcome = run_once(&state.idempotency, "tasks:", &headers, &key, &body, || start(&state, &value, &tenant)).await?;
     Ok(outcome_response(outcome))
 }
 
 /// Starts the task: (status, body) as for an idempotent outcome.
-async fn start(state: &Arc<AppState>, value: &Value) -> (u16, String) {
-    match start_inner(state, value).await {
+async fn start(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> (u16, String) {
+    match start_inner(state, value, tenant).await {
         Ok(task) => (202, task.to_json().to_string()),
         Err(p) => (p.0.status, p.to_value().to_string()),
     }
 }
 
-async fn start_inner(state: &Arc<AppState>, value: &Value) -> Result<TaskRecord, Problem> {
+async fn start_inner(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> Result<TaskRecord, Problem> {
     let mut request = request_to_engine(value)?;
     request["stream"] = Value::Bool(false);
-    let turn = start_turn(state, request, None).await?;
+    let turn = start_turn(state, request, None, tenant).await?;
     let StartedTurn { stream, mapper, persist, id, .. } = turn;
     let record = TaskRecord {
         id: format!("task_{}", uuid::Uuid::new_v4().simple()),
@@ -74,6 +75,7 @@ async fn start_inner(state: &Arc<AppState>, value: &Value) -> Result<TaskRecord,
         finished_at: None,
         last_event_id: 0,
         response: Value::Null,
+        tenant: tenant.as_str().to_string(),
     };
     let to_store = record.clone();
     with_store(state, move |s| s.put_task(&to_store)).await?;
@@ -84,8 +86,8 @@ async fn start_inner(state: &Arc<AppState>, value: &Value) -> Result<TaskRecord,
 }
 
 /// GET /lmsp/v1/tasks/{id}
-pub async fn retrieve(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match find(&state, &id).await {
+pub async fn retrieve(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Response {
+    match find(&state, &id, &tenant).await {
         Ok(task) => outcome_response((200, task.to_json().to_string())),
         Err(p) => p.into_response(),
     }
@@ -93,8 +95,8 @@ pub async fn retrieve(State(state): State<Arc<AppState>>, Path(id): Path<String>
 
 /// POST /lmsp/v1/tasks/{id}/cancel: stops a running task (its stream ends
 /// with `response.cancelled`); a finished task is returned unchanged.
-pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    if let Some(live) = state.tasks.get(&id) {
+pub async fn cancel(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Response {
+    if let Some(live) = state.tasks.get(&id, tenant.as_str()) {
         let mut published = live.subscribe();
         live.request_cancel();
         state.scheduler.abort(live.request);
@@ -108,15 +110,15 @@ pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) 
         let _ = tokio::time::timeout(CANCEL_WAIT, ended).await;
         return outcome_response((200, live.record().to_json().to_string()));
     }
-    retrieve(State(state), Path(id)).await
+    retrieve(State(state), Extension(tenant), Path(id)).await
 }
 
-async fn find(state: &Arc<AppState>, id: &str) -> Result<TaskRecord, Problem> {
-    if let Some(live) = state.tasks.get(id) {
+async fn find(state: &Arc<AppState>, id: &str, tenant: &Tenant) -> Result<TaskRecord, Problem> {
+    if let Some(live) = state.tasks.get(id, tenant.as_str()) {
         return Ok(live.record());
     }
     let key = id.to_string();
-    with_store(state, move |s| s.get_task(&key))
+    with_owned(state, tenant, move |s| s.get_task(&key))
         .await?
         .ok_or_else(|| ApiError::not_found(format!("No task with id '{id}'.")).with_code("task_not_found").into())
 }
@@ -131,6 +133,7 @@ pub struct EventsQuery {
 /// `Last-Event-ID` header), then live ones until the terminal event.
 pub async fn events(
     State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
     q: Result<Query<EventsQuery>, QueryRejection>,
     headers: HeaderMap,
@@ -139,13 +142,13 @@ pub async fn events(
         Ok(Query(q)) => q,
         Err(rejection) => return Problem(crate::app::error::query_error(rejection)).into_response(),
     };
-    match events_inner(state, id, q, headers).await {
+    match events_inner(state, id, q, headers, tenant).await {
         Ok(r) => r,
         Err(p) => p.into_response(),
     }
 }
 
-async fn events_inner(state: Arc<AppState>, id: String, q: EventsQuery, headers: HeaderMap) -> Result<Response, Problem> {
+async fn events_inner(state: Arc<AppState>, id: String, q: EventsQuery, headers: HeaderMap, tenant: Tenant) -> Result<Response, Problem> {
     let after = match (q.after, headers.get("last-event-id")) {
         (Some(after), _) => after,
         (None, Some(h)) => h.to_str().ok().and_then(|s| s.trim().parse().ok()).ok_or_else(|| {
@@ -153,17 +156,17 @@ async fn events_inner(state: Arc<AppState>, id: String, q: EventsQuery, headers:
         })?,
         (None, None) => 0,
     };
-    if let Some(live) = state.tasks.get(&id) {
+    if let Some(live) = state.tasks.get(&id, tenant.as_str()) {
         return Ok(sse_response(follow(live, after)));
     }
-    let task = find(&state, &id).await?;
+    let task = find(&state, &id, &tenant).await?;
     if after >= task.last_event_id {
         return Ok(sse_response(Body::empty()));
     }
     let retention = state.limits.task_event_retention.as_secs();
     let expired = task.finished_at.is_some_and(|f| unix_now() >= f.saturating_add(i64::try_from(retention).unwrap_or(i64::MAX)));
     let key = id.clone();
-    let stored = if expired { Vec::new() } else { with_store(&state, move |s| s.task_events(&key, after)).await? };
+    let stored = if expired { Vec::new() } else { with_owned(&state, &tenant, move |s| s.task_events(&key, after)).await?.unwrap_or_default() };
     if stored.first().is_none_or(|e| e.id != after + 1) {
         return Err(ApiError::new(410, ErrorKind::InvalidRequest,
             format!("The events of task '{id}' after {after} are past their retention period; GET /lmsp/v1/tasks/{id} has the final result."))
