@@ -1,6 +1,7 @@
 //! The HTTP application: routes, middleware and handlers over [`AppState`].
 
 pub mod auth;
+pub mod body;
 pub mod compact;
 pub mod constrain;
 pub mod drive;
@@ -46,6 +47,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/metrics", get(ops::metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), body::read_in_time))
         .layer(middleware::from_fn_with_state(state.clone(), require_key));
     let lmsp_routes = Router::new()
         .route("/lmsp/v1/responses", post(lmsp::create))
@@ -55,6 +57,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/lmsp/v1/tasks/{id}", get(lmsp::tasks::retrieve))
         .route("/lmsp/v1/tasks/{id}/events", get(lmsp::tasks::events))
         .route("/lmsp/v1/tasks/{id}/cancel", post(lmsp::tasks::cancel))
+        .layer(middleware::from_fn_with_state(state.clone(), body::read_in_time))
         .layer(middleware::from_fn_with_state(state.clone(), require_key_problem));
     Router::new()
         .merge(v1)

@@ -106,6 +106,8 @@ pub struct Limits {
     pub max_output_tokens: usize,
     /// Wall-clock limit of one request.
     pub request_timeout: Duration,
+    /// Longest a request body may take to arrive (408 beyond).
+    pub body_read_timeout: Duration,
     /// Sampling for fields a request leaves out.
     pub sampling: SamplingDefaults,
     /// Longest a WebSocket connection may stay open (60 minutes).
@@ -122,6 +124,7 @@ impl Default for Limits {
             max_tools: 128,
             max_output_tokens: 4096,
             request_timeout: Duration::from_secs(600),
+            body_read_timeout: Duration::from_secs(30),
             sampling: SamplingDefaults::default(),
             websocket_max_connection: Duration::from_secs(60 * 60),
             task_event_retention: Duration::from_secs(60 * 60),

@@ -7,9 +7,9 @@ use spindle_engine::models::cache_root;
 use spindle_scheduler::SchedulerConfig;
 use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo, SamplingDefaults};
 use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig, TaskStore};
+use spindle_server::net::{self, ConnectionLimits};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use axum::serve::ListenerExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +37,18 @@ pub struct ServeArgs {
     /// whenever keys are configured.
     #[arg(long, env = "SPINDLE_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
+    /// Most open connections (default: the file-descriptor limit, raised to
+    /// its hard limit, less 64). At the cap a new connection replaces the
+    /// oldest one that has not sent a request.
+    #[arg(long, env = "SPINDLE_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Seconds a connection may take to send a request's headers, and may stay
+    /// idle between keep-alive requests.
+    #[arg(long, default_value_t = 30)]
+    header_read_timeout_s: u64,
+    /// Seconds a request body may take to arrive (408 beyond).
+    #[arg(long, default_value_t = 30)]
+    body_read_timeout_s: u64,
     /// Allow binding a non-loopback address without API keys.
     #[arg(long)]
     allow_unauthenticated: bool,
@@ -107,6 +119,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 min_p: args.default_min_p,
             },
             task_event_retention: Duration::from_secs(args.task_event_retention_s),
+            body_read_timeout: Duration::from_secs(args.body_read_timeout_s),
             ..Limits::default()
         },
         metrics: HttpMetrics::default(),
@@ -114,7 +127,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         draining: tokio::sync::watch::channel(false).0,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(serve(addr, args.metrics_addr, state, Duration::from_secs(args.store_ttl_hours * 3600)))
+    let mut connections = ConnectionLimits::from_fd_limit(Duration::from_secs(args.header_read_timeout_s));
+    if let Some(max) = args.max_connections {
+        connections.max_connections = max;
+    }
+    tracing::info!(
+        "at most {} open connections; {} s for a request's headers, {} s for its body",
+        connections.max_connections,
+        args.header_read_timeout_s,
+        args.body_read_timeout_s
+    );
+    runtime.block_on(serve(addr, args.metrics_addr, state, connections, Duration::from_secs(args.store_ttl_hours * 3600)))
 }
 
 /// The keys of `--api-key` and `--api-key-file`, with their tenants.
@@ -147,14 +170,20 @@ fn start_engine(args: &ServeArgs) -> anyhow::Result<Started> {
 /// are failed with a terminal event.
 const DRAIN_PERIOD: Duration = Duration::from_secs(20);
 
-async fn serve(addr: SocketAddr, metrics_addr: Option<SocketAddr>, state: Arc<AppState>, store_ttl: Duration) -> anyhow::Result<()> {
+async fn serve(
+    addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    state: Arc<AppState>,
+    connections: ConnectionLimits,
+    store_ttl: Duration,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     if let Some(metrics_addr) = metrics_addr {
         let metrics_listener = tokio::net::TcpListener::bind(metrics_addr).await?;
         tracing::info!("metrics on http://{}/metrics", metrics_listener.local_addr()?);
         let router = app::metrics_app(state.clone());
-        tokio::spawn(async move { axum::serve(metrics_listener, router).await });
+        tokio::spawn(net::serve(metrics_listener, router, connections, std::future::pending()));
     }
     spawn_store_expiry(state.clone(), store_ttl);
     let drain_state = state.clone();
@@ -166,11 +195,7 @@ async fn serve(addr: SocketAddr, metrics_addr: Option<SocketAddr>, state: Arc<Ap
             let _ = drain_state.draining.send(true);
         });
     };
-    // Streamed events are small writes: disable Nagle so each goes out at once.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app::app(state)).with_graceful_shutdown(signal).await?;
+    net::serve(listener, app::app(state), connections, signal).await;
     tracing::info!("shut down");
     Ok(())
 }

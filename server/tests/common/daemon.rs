@@ -60,13 +60,21 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 /// Retries on a fresh port if the daemon dies first (the port may have been
 /// taken between picking it and binding it).
 pub fn start_daemon(model: &Path, dir: &Path, extra_args: &[&str]) -> Daemon {
+    start_daemon_with(model, dir, extra_args, |_| {})
+}
+
+/// [`start_daemon`] with the command adjusted by `configure` first (e.g. a
+/// resource limit for the child).
+pub fn start_daemon_with(model: &Path, dir: &Path, extra_args: &[&str], configure: impl Fn(&mut Command)) -> Daemon {
     let mut last_log = String::new();
     for attempt in 0..3 {
         let port = free_port();
         let log = dir.join(format!("daemon-{attempt}.log"));
         let out = std::fs::File::create(&log).expect("daemon log");
         let err = out.try_clone().expect("daemon log");
-        let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spindle"));
+        configure(&mut command);
+        let child = command
             .arg("serve")
             .arg("--model")
             .arg(model)

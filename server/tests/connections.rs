@@ -1,0 +1,107 @@
+//! The daemon's sockets stay its own, against `spindle serve` as a process:
+//! a slowloris crowd larger than its file-descriptor limit does not stop
+//! `/health` from answering, headers and bodies that trickle in are cut off
+//! after their timeouts.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+/// Limits the child to `n` open files, soft and hard (so it cannot raise it).
+fn fd_limit(n: u64) -> impl Fn(&mut std::process::Command) {
+    move |command| {
+        // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+        unsafe {
+            command.pre_exec(move || {
+                let limit = libc::rlimit { rlim_cur: n, rlim_max: n };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+}
+
+fn connect(port: u16) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok(s)
+}
+
+/// GET /health on a fresh connection: its status and how long it took.
+fn health(port: u16) -> (Option<u16>, Duration) {
+    let started = Instant::now();
+    let status = common::daemon::http_get(port, "/health").map(|(status, _)| status);
+    (status, started.elapsed())
+}
+
+/// Reads until the server closes the connection (or `within` passes):
+/// what it sent, and whether it closed in time.
+fn read_until_closed(mut s: TcpStream, within: Duration) -> (String, bool) {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), true),
+        }
+    }
+    (String::from_utf8_lossy(&got).into_owned(), false)
+}
+
+#[test]
+fn health_answers_within_a_second_under_a_slowloris_crowd_beyond_the_fd_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = common::daemon::start_daemon_with(&spindle_testenv::smollm2_gguf(), dir.path(), &[], fd_limit(256));
+    assert!(daemon.log_text().contains("at most 192 open connections"), "{}", daemon.log_text());
+    let mut crowd = Vec::new();
+    for _ in 0..300 {
+        // Partial headers, never finished.
+        if let Ok(mut s) = connect(daemon.port) {
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
+            crowd.push(s);
+        }
+    }
+    assert!(crowd.len() >= 250, "only {} of 300 connections opened", crowd.len());
+    for attempt in 0..5 {
+        let (status, took) = health(daemon.port);
+        assert_eq!(status, Some(200), "attempt {attempt}: /health did not answer ({took:?}); log:\n{}", daemon.log_text());
+        assert!(took < Duration::from_secs(1), "attempt {attempt}: /health took {took:?}");
+    }
+    drop(crowd);
+    assert!(daemon.child.try_wait().unwrap().is_none(), "the daemon died");
+}
+
+#[test]
+fn trickled_headers_and_bodies_are_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--header-read-timeout-s", "2", "--body-read-timeout-s", "2"];
+    let daemon = common::daemon::start_daemon(&spindle_testenv::smollm2_gguf(), dir.path(), &args);
+    // Headers that never end: the connection is closed.
+    let mut headers = connect(daemon.port).unwrap();
+    headers.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
+    let started = Instant::now();
+    let (_, closed) = read_until_closed(headers, Duration::from_secs(20));
+    assert!(closed, "a connection with unfinished headers stayed open for 20 s");
+    assert!(started.elapsed() >= Duration::from_millis(1500), "closed after {:?}, before the timeout", started.elapsed());
+    // A body that never arrives in full: 408 in the protocol's shape.
+    let mut body = connect(daemon.port).unwrap();
+    body.write_all(b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"input\": ").unwrap();
+    let (answer, closed) = read_until_closed(body, Duration::from_secs(20));
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?} (closed: {closed})");
+    assert!(answer.contains("\"request_timeout\""), "{answer}");
+    // An idle keep-alive connection is closed after the same timeout.
+    let mut idle = connect(daemon.port).unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let (answer, closed) = read_until_closed(idle, Duration::from_secs(20));
+    assert!(answer.starts_with("HTTP/1.1 200") && closed, "{answer:?} (closed: {closed})");
+}
