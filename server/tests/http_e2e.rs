@@ -258,7 +258,7 @@ async fn a_client_disconnect_frees_its_blocks() {
         r.chunk().await.expect("chunk").expect("the stream ended before generation started");
     }
     drop(r);
-    assert_blocks_freed(&s, 5, "after disconnect").await;
+    common::assert_blocks_freed(&s, 5, "after disconnect").await;
 }
 
 #[tokio::test]
@@ -403,19 +403,6 @@ async fn long_stream(s: &Server) -> reqwest::Response {
     common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send")
 }
 
-/// Waits until the KV pool is empty again; fails after `secs` seconds.
-async fn assert_blocks_freed(s: &Server, secs: u64, what: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        let usage = s.state.scheduler.check_kv().expect("kv");
-        if usage.used == 0 {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{what}: blocks still held: {usage:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_request_past_the_time_limit_fails_and_frees_its_blocks() {
     let s = common::start(vec![], Limits { request_timeout: Duration::from_millis(500), ..limits() }).await;
@@ -429,7 +416,7 @@ async fn a_request_past_the_time_limit_fails_and_frees_its_blocks() {
     assert!(took < Duration::from_secs(20), "the time limit did not stop generation: {took:?}");
     let tokens = r["usage"]["output_tokens"].as_u64().unwrap_or(0);
     assert!(tokens < 2000, "stopped early: {tokens} tokens");
-    assert_blocks_freed(&s, 5, "after the time limit").await;
+    common::assert_blocks_freed(&s, 5, "after the time limit").await;
     // Stored as it ended: failed, not in progress.
     let got: Value = common::http().get(format!("{}/v1/responses/{}", s.base, r["id"].as_str().expect("id"))).send().await.expect("get").json().await.expect("json");
     assert_eq!(got["status"], "failed", "{got}");
@@ -456,7 +443,7 @@ async fn draining_ends_an_in_flight_stream_with_a_terminal_event() {
     assert!(data["response"]["error"]["message"].as_str().is_some_and(|m| m.contains("shutting down")), "{data}");
     let terminals = events.iter().filter(|(e, _)| matches!(e.as_str(), "response.completed" | "response.failed" | "response.incomplete")).count();
     assert_eq!(terminals, 1);
-    assert_blocks_freed(&s, 5, "after draining").await;
+    common::assert_blocks_freed(&s, 5, "after draining").await;
 }
 
 #[tokio::test]

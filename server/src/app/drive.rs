@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
+/// How long a frame may still wait for a slow reader once the request's
+/// deadline has passed or the server drains.
+const SEND_GRACE: Duration = Duration::from_secs(1);
 
 /// What to persist when the generation ends.
 pub struct Persist {
@@ -35,6 +38,8 @@ pub struct Persist {
     /// The prompt's ids; with the generated ids, recorded in the model's
     /// [`super::ledger::TokenLedger`] when the turn ends without failing.
     pub prompt: Vec<u32>,
+    /// A background response's handle (cancel and delete stop it).
+    pub control: Option<Arc<super::background::Background>>,
 }
 
 /// Run the generation to its end. With a `sink`, every event is sent as an
@@ -56,7 +61,7 @@ pub async fn drive(
     let mut draining = state.draining.subscribe();
     let mut tool_calls = ToolCallParser::for_response(mapper.response_ref(), state.model.call_format);
     let tool_calls_on = tool_calls.is_some();
-    let mut alive = emit(&sink, &mut events, mapper.start()).await;
+    let mut alive = emit(&state, &sink, &mut events, mapper.start(), deadline).await;
     let mut held: Vec<String> = Vec::new();
     let mut generated: Vec<u32> = Vec::new();
     while alive {
@@ -69,7 +74,7 @@ pub async fn drive(
         let event = match next {
             Next::Idle => {
                 if sink.as_ref().is_some_and(|s| s.framing == Framing::Sse) {
-                    alive = send(&sink, sse::KEEP_ALIVE.to_string()).await;
+                    alive = send(&state, &sink, sse::KEEP_ALIVE.to_string(), deadline).await;
                 }
                 continue;
             }
@@ -79,6 +84,12 @@ pub async fn drive(
             Next::Event(None) => GenerationEvent::Failed { message: "the scheduler stopped before the response finished".into() },
             Next::Event(Some(e)) => e,
         };
+        if persist.control.as_ref().is_some_and(|c| c.stopped().is_some()) {
+            break; // cancelled or deleted: ended below
+        }
+        if matches!(event, GenerationEvent::Started { .. }) && persist.background && persist.store {
+            mark_in_progress(&state, &mapper, &persist).await;
+        }
         let terminal = matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. });
         if let GenerationEvent::Delta { token, .. } = &event {
             generated.push(token.id);
@@ -105,7 +116,7 @@ pub async fn drive(
                 // `response.completed` must find it.
                 held.extend(log_only(sink.as_ref(), &mut events, out));
             } else {
-                alive = emit(&sink, &mut events, out).await && alive;
+                alive = emit(&state, &sink, &mut events, out, deadline).await && alive;
             }
         }
         if terminal {
@@ -113,15 +124,23 @@ pub async fn drive(
         }
     }
     drop(stream);
+    // Stopped before its end (a cancel, or a streaming client gone): what it
+    // produced is kept as `cancelled`.
+    mapper.cancel();
     let response = serde_json::to_value(mapper.response()).unwrap_or(Value::Null);
-    if persist.store {
+    let control = persist.control.take();
+    let deleted = control.as_ref().is_some_and(|c| c.stopped() == Some(super::background::Stopped::Deleted));
+    if persist.store && !deleted {
         save(&state, &response, persist, events).await;
     }
+    if let Some(control) = control {
+        control.finish();
+    }
     for frame in held {
-        alive = alive && send(&sink, frame).await;
+        alive = alive && send(&state, &sink, frame, deadline).await;
     }
     if alive && sink.as_ref().is_some_and(|s| s.framing == Framing::Sse) {
-        send(&sink, sse::DONE.to_string()).await;
+        send(&state, &sink, sse::DONE.to_string(), deadline).await;
     }
     response
 }
@@ -185,18 +204,56 @@ fn log_only(sink: Option<&Sink>, log: &mut Vec<Value>, events: Vec<crate::protoc
     frames
 }
 
-async fn emit(sink: &Option<Sink>, log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> bool {
+async fn emit(
+    state: &AppState,
+    sink: &Option<Sink>,
+    log: &mut Vec<Value>,
+    events: Vec<crate::protocol::StreamEvent>,
+    deadline: tokio::time::Instant,
+) -> bool {
     let mut alive = true;
     for frame in log_only(sink.as_ref(), log, events) {
-        alive = alive && send(sink, frame).await;
+        alive = alive && send(state, sink, frame, deadline).await;
     }
     alive
 }
 
-async fn send(sink: &Option<Sink>, frame: String) -> bool {
-    match sink {
-        Some(s) => s.tx.send(frame).await.is_ok(),
-        None => true,
+/// Queues one frame for the client; `false` when the client is gone or has
+/// not made room for it within the stall timeout (nor by the request's
+/// deadline, nor shortly after the server starts draining): the caller then
+/// ends the generation and its KV blocks are freed.
+async fn send(state: &AppState, sink: &Option<Sink>, frame: String, deadline: tokio::time::Instant) -> bool {
+    let Some(s) = sink else { return true };
+    let frame = match s.tx.try_send(frame) {
+        Ok(()) => return true,
+        Err(mpsc::error::TrySendError::Closed(_)) => return false,
+        Err(mpsc::error::TrySendError::Full(frame)) => frame,
+    };
+    let now = tokio::time::Instant::now();
+    let mut limit = (now + state.limits.stream_stall_timeout).min(deadline.max(now + SEND_GRACE));
+    let mut draining = state.draining.subscribe();
+    let sending = s.tx.send(frame);
+    tokio::pin!(sending);
+    loop {
+        tokio::select! {
+            sent = &mut sending => return sent.is_ok(),
+            () = tokio::time::sleep_until(limit) => {
+                tracing::warn!("a client stopped reading its stream: ending the response");
+                return false;
+            }
+            _ = draining.wait_for(|d| *d), if limit > tokio::time::Instant::now() + SEND_GRACE => {
+                limit = tokio::time::Instant::now() + SEND_GRACE;
+            }
+        }
+    }
+}
+
+/// A background response that has started generating reads `in_progress`.
+async fn mark_in_progress(state: &Arc<AppState>, mapper: &ResponseMapper, persist: &Persist) {
+    let response = serde_json::to_value(mapper.response_ref()).unwrap_or(Value::Null);
+    let record = stored_record(&response, persist);
+    if let Err(e) = super::responses::with_store(state, move |s| s.put(&record)).await {
+        tracing::warn!("recording a background response as in_progress failed: {}", e.message);
     }
 }
 
@@ -305,26 +362,26 @@ fn record_tokens(state: &AppState, response: &Value, mut prompt: Vec<u32>, gener
 }
 
 async fn save(state: &Arc<AppState>, response: &Value, persist: Persist, events: Vec<Value>) {
-    let Some(id) = response.get("id").and_then(Value::as_str).map(str::to_string) else { return };
-    let record = StoredResponse {
-        id: id.clone(),
+    let record = stored_record(response, &persist);
+    let store = state.store.clone();
+    let result = tokio::task::spawn_blocking(move || store.put_with_events(&record, &events)).await;
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("storing a response failed: {e}"),
+        Err(e) => tracing::error!("storing a response panicked: {e}"),
+    }
+}
+
+/// The store's record of `response` as it stands.
+fn stored_record(response: &Value, persist: &Persist) -> StoredResponse {
+    StoredResponse {
+        id: response.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
         created_at: response.get("created_at").and_then(Value::as_i64).unwrap_or(0),
         status: response.get("status").and_then(Value::as_str).unwrap_or("completed").to_string(),
         previous_response_id: response.get("previous_response_id").and_then(Value::as_str).map(str::to_string),
         background: persist.background,
         response: response.clone(),
-        input_items: persist.input_items,
+        input_items: persist.input_items.clone(),
         tenant: persist.tenant.as_str().to_string(),
-    };
-    let store = state.store.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        store.put(&record)?;
-        store.append_events(&id, &events)
-    })
-    .await;
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!("storing a response failed: {e}"),
-        Err(e) => tracing::error!("storing a response panicked: {e}"),
     }
 }

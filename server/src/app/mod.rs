@@ -1,6 +1,7 @@
 //! The HTTP application: routes, middleware and handlers over [`AppState`].
 
 pub mod auth;
+pub mod background;
 pub mod body;
 pub mod compact;
 pub mod constrain;

@@ -1,6 +1,7 @@
 //! `/v1/responses` handlers.
 
 use super::auth::Tenant;
+use super::background::Stopped;
 use super::drive::{drive, Persist, Sink};
 use super::reasoning::ReasoningSplitter;
 use super::sse;
@@ -38,7 +39,7 @@ async fn create_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>,
     let turn = start_turn(&state, value, None, &tenant).await?;
     let StartedTurn { req, stream, mapper, persist, id, .. } = turn;
     if req.background {
-        return background(state, stream, mapper, persist, id, &req).await;
+        return Ok(Json(super::background::start(state, stream, mapper, persist, id, &req).await?).into_response());
     }
     if req.stream {
         let (tx, rx) = mpsc::channel::<String>(64);
@@ -88,7 +89,7 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
     let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt,
         summary: req.reasoning.and_then(|r| r.summary), cache_salt: tenant.cache_salt(req.prompt_cache_key.as_deref()),
-        tenant: tenant.clone() };
+        tenant: tenant.clone(), control: None };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
 }
 
@@ -118,40 +119,6 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
         Some(m) if m != state.model.name => Err(ApiError::model_not_found(m)),
         _ => Ok(()),
     }
-}
-
-async fn background(
-    state: Arc<AppState>,
-    stream: spindle_scheduler::EventStream,
-    mapper: ResponseMapper,
-    persist: Persist,
-    id: String,
-    req: &ValidRequest,
-) -> Result<Response, ApiError> {
-    let mut queued = serde_json::to_value(mapper.response()).map_err(|e| ApiError::internal(e.to_string()))?;
-    queued["status"] = json!("queued");
-    let record = StoredResponse {
-        id: id.clone(),
-        created_at: queued["created_at"].as_i64().unwrap_or(0),
-        status: "queued".into(),
-        previous_response_id: req.previous_response_id.clone(),
-        background: true,
-        response: queued.clone(),
-        input_items: persist.input_items.clone(),
-        tenant: persist.tenant.as_str().to_string(),
-    };
-    with_store(&state, move |s| s.put(&record)).await?;
-    if let Ok(mut running) = state.running.lock() {
-        running.insert(id.clone(), stream.id());
-    }
-    let st = state.clone();
-    tokio::spawn(async move {
-        drive(st.clone(), stream, mapper, None, persist).await;
-        if let Ok(mut running) = st.running.lock() {
-            running.remove(&id);
-        }
-    });
-    Ok(Json(queued).into_response())
 }
 
 fn sse_response(body: Body) -> Response {
@@ -262,6 +229,14 @@ pub async fn retrieve(
 /// DELETE /v1/responses/{id}
 pub async fn delete(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let key = id.clone();
+    if with_owned(&state, &tenant, move |s| s.tenant_owns(&key)).await? {
+        // A running response stops first, so that its end is not written
+        // after the delete.
+        if let Some(running) = super::background::running(&state, &id) {
+            running.stop(&state, Stopped::Deleted).await;
+        }
+    }
+    let key = id.clone();
     let deleted = with_owned(&state, &tenant, move |s| s.delete(&key)).await?;
     if !deleted {
         return Err(not_found(&id));
@@ -270,23 +245,19 @@ pub async fn delete(State(state): State<Arc<AppState>>, Extension(tenant): Exten
     Ok(Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response())
 }
 
-/// POST /v1/responses/{id}/cancel (background responses only).
+/// POST /v1/responses/{id}/cancel (background responses only): a running
+/// one stops and is stored `cancelled` with what it produced; a finished one
+/// is returned as it is.
 pub async fn cancel(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let record = load(&state, &tenant, id.clone()).await?;
     if !record.background {
         return Err(ApiError::invalid("response_id", "Only background responses can be cancelled."));
     }
-    let running = state.running.lock().ok().and_then(|mut r| r.remove(&id));
-    let mut response = record.response.clone();
-    if let Some(request) = running {
-        state.scheduler.abort(request);
-        response["status"] = json!("cancelled");
-        let updated = StoredResponse { status: "cancelled".into(), response: response.clone(), ..record };
-        if let Err(e) = with_store(&state, move |s| s.put(&updated)).await {
-            tracing::warn!("recording a cancellation failed: {}", e.message);
-        }
-    }
-    Ok(Json(response).into_response())
+    let Some(running) = super::background::running(&state, &id) else {
+        return Ok(Json(record.response).into_response());
+    };
+    running.stop(&state, Stopped::Cancelled).await;
+    Ok(Json(load(&state, &tenant, id).await?.response).into_response())
 }
 
 /// Query of GET /v1/responses/{id}/input_items.

@@ -6,7 +6,6 @@ use crate::store::ResponseStore;
 use spindle_engine::chat_template::ChatTemplate;
 use spindle_engine::tokenizer::Tokenizer;
 use spindle_scheduler::SchedulerHandle;
-use spindle_scheduler::RequestId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -106,6 +105,9 @@ pub struct Limits {
     pub max_output_tokens: usize,
     /// Wall-clock limit of one request.
     pub request_timeout: Duration,
+    /// Longest a streamed response may wait for its client to read before it
+    /// is ended (and its KV blocks freed).
+    pub stream_stall_timeout: Duration,
     /// Longest a request body may take to arrive (408 beyond).
     pub body_read_timeout: Duration,
     /// Sampling for fields a request leaves out.
@@ -125,6 +127,7 @@ impl Default for Limits {
             max_output_tokens: 4096,
             request_timeout: Duration::from_secs(600),
             body_read_timeout: Duration::from_secs(30),
+            stream_stall_timeout: Duration::from_secs(30),
             sampling: SamplingDefaults::default(),
             websocket_max_connection: Duration::from_secs(60 * 60),
             task_event_retention: Duration::from_secs(60 * 60),
@@ -153,7 +156,7 @@ pub struct AppState {
     /// HTTP-level metrics.
     pub metrics: HttpMetrics,
     /// Background responses in flight: response id -> scheduler request.
-    pub running: Mutex<HashMap<String, RequestId>>,
+    pub running: Mutex<HashMap<String, Arc<super::background::Background>>>,
     /// Set when the drain period after a shutdown signal ends: in-flight
     /// generations then fail with a terminal event.
     pub draining: tokio::sync::watch::Sender<bool>,

@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// idle between keep-alive requests.
     #[arg(long, default_value_t = 30)]
     header_read_timeout_s: u64,
+    /// Seconds a streamed response waits for a client that has stopped
+    /// reading before it ends the response and frees its memory.
+    #[arg(long, default_value_t = 30)]
+    stream_stall_timeout_s: u64,
     /// Seconds a request body may take to arrive (408 beyond).
     #[arg(long, default_value_t = 30)]
     body_read_timeout_s: u64,
@@ -120,6 +124,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             },
             task_event_retention: Duration::from_secs(args.task_event_retention_s),
             body_read_timeout: Duration::from_secs(args.body_read_timeout_s),
+            stream_stall_timeout: Duration::from_secs(args.stream_stall_timeout_s),
             ..Limits::default()
         },
         metrics: HttpMetrics::default(),

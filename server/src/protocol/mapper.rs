@@ -277,6 +277,21 @@ impl ResponseMapper {
         events
     }
 
+    /// Ends an unfinished response as `cancelled` (a cancel request, or a
+    /// streaming client that went away): what was produced stays, an open
+    /// item is left `incomplete`. No events: nobody is listening for them.
+    pub fn cancel(&mut self) {
+        if self.is_finished() {
+            return;
+        }
+        if let Some(open) = self.open.take() {
+            if let Some(item) = self.response.output.get_mut(open_index(open)) {
+                set_status(item, ItemStatus::Incomplete);
+            }
+        }
+        self.response.status = ResponseStatus::Cancelled;
+    }
+
     /// Fails the response with `error`: `error`, then `response.failed` whose
     /// `response.error` is `{code, message}`. An open item is left in `output`
     /// with status `incomplete` (no done events: the stream ends at the error).
@@ -660,6 +675,21 @@ mod tests {
         assert_eq!(numbers, (0..all.len() as u64).collect::<Vec<_>>());
         assert_eq!(m.next_sequence_number(), all.len() as u64);
         assert_eq!(m.response_ref().status, ResponseStatus::Failed);
+    }
+
+    #[test]
+    fn a_cancelled_response_keeps_its_text_and_leaves_the_open_item_incomplete() {
+        let mut m = mapper();
+        m.start();
+        m.push(MapperInput::Started { cached_tokens: 0 });
+        m.push(MapperInput::TextDelta("half an ans".into()));
+        m.cancel();
+        let r = m.response();
+        assert_eq!(r.status, ResponseStatus::Cancelled);
+        let item = serde_json::to_value(&r.output[0]).unwrap();
+        assert_eq!((item["status"].as_str(), item["content"][0]["text"].as_str()), (Some("incomplete"), Some("half an ans")), "{item}");
+        m.push(MapperInput::Failed { message: "aborted".into() });
+        assert_eq!(m.response().status, ResponseStatus::Cancelled, "a later failure does not overwrite it");
     }
 
     #[test]

@@ -217,6 +217,14 @@ pub trait ResponseStore: TaskStore + Send + Sync {
     /// one).
     fn put(&self, rec: &StoredResponse) -> Result<(), StoreError>;
 
+    /// [`ResponseStore::put`] and [`ResponseStore::append_events`] as one
+    /// write: a reader (or a crash) sees both or neither. The default does
+    /// them one after the other, for backends without transactions.
+    fn put_with_events(&self, rec: &StoredResponse, events: &[Value]) -> Result<(), StoreError> {
+        self.put(rec)?;
+        self.append_events(&rec.id, events)
+    }
+
     /// The stored response with this id, or `None`.
     fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError>;
 

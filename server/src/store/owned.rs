@@ -18,7 +18,8 @@ impl<'a> Owned<'a> {
         Self { store, tenant }
     }
 
-    fn owns(&self, id: &str) -> Result<bool, StoreError> {
+    /// Whether this tenant owns a stored response with this id.
+    pub fn tenant_owns(&self, id: &str) -> Result<bool, StoreError> {
         Ok(self.store.tenant_of(id)?.as_deref() == Some(self.tenant))
     }
 
@@ -29,7 +30,7 @@ impl<'a> Owned<'a> {
 
     /// Deletes the response if this tenant owns it; `true` if it did.
     pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        if !self.owns(id)? {
+        if !self.tenant_owns(id)? {
             return Ok(false);
         }
         self.store.delete(id)
@@ -37,7 +38,7 @@ impl<'a> Owned<'a> {
 
     /// A page of the response's input items ([`ResponseStore::input_items`]).
     pub fn input_items(&self, id: &str, after: Option<&str>, limit: usize, order: Order) -> Result<Option<Vec<Value>>, StoreError> {
-        if !self.owns(id)? {
+        if !self.tenant_owns(id)? {
             return Ok(None);
         }
         self.store.input_items(id, after, limit, order)
@@ -45,7 +46,7 @@ impl<'a> Owned<'a> {
 
     /// The response's stored events ([`ResponseStore::events`]).
     pub fn events(&self, id: &str, starting_after: Option<u64>) -> Result<Option<Vec<Value>>, StoreError> {
-        if !self.owns(id)? {
+        if !self.tenant_owns(id)? {
             return Ok(None);
         }
         self.store.events(id, starting_after)

@@ -408,6 +408,10 @@ fn fail_one(tx: &Transaction<'_>, id: &str, response_text: &str) -> Result<(), S
 
 impl ResponseStore for SqliteStore {
     fn put(&self, rec: &StoredResponse) -> Result<(), StoreError> {
+        self.put_with_events(rec, &[])
+    }
+
+    fn put_with_events(&self, rec: &StoredResponse, events: &[Value]) -> Result<(), StoreError> {
         let response = serde_json::to_string(&rec.response)?;
         let items = rec
             .input_items
@@ -461,6 +465,10 @@ impl ResponseStore for SqliteStore {
                 after.rows += 1;
                 after.bytes += bytes;
             }
+        }
+        if !events.is_empty() {
+            let added = insert_events(&tx, &rec.id, events)?;
+            after.bytes = to_u64(to_i64(after.bytes).saturating_add(added));
         }
         let after = evict(&tx, &rec.id, after, &self.config)?;
         tx.commit()?;

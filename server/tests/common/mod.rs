@@ -99,3 +99,16 @@ pub async fn start_model_with<E: spindle_engine::runner::Executor + 'static>(
     tokio::spawn(async move { axum::serve(listener, router).await });
     Server { base, state, _dir: dir }
 }
+
+/// Waits until the KV pool is empty again; fails after `secs` seconds.
+pub async fn assert_blocks_freed(s: &Server, secs: u64, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let usage = s.state.scheduler.check_kv().expect("kv");
+        if usage.used == 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: blocks still held: {usage:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
