@@ -31,6 +31,9 @@ pub struct ModelInfo {
     pub think_tags: Option<super::reasoning::ThinkTags>,
     /// Recent turns' token ids, so the next turn's prompt extends them exactly.
     pub ledger: super::ledger::TokenLedger,
+    /// The most bytes of text one token stands for (the longest vocabulary
+    /// entry): text of `n` bytes is at least `n / max_token_bytes` tokens.
+    pub max_token_bytes: usize,
 }
 
 impl ModelInfo {
@@ -46,7 +49,8 @@ impl ModelInfo {
         };
         let call_format = super::constrain::CallFormat::of(&template, &tokenizer);
         let think_tags = super::reasoning::ThinkTags::of(&tokenizer, &template);
-        Self { name, tokenizer, template, context_length, created, grammar, call_format, think_tags, ledger: Default::default() }
+        let max_token_bytes = tokenizer.hf().get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
+        Self { name, tokenizer, template, context_length, created, grammar, call_format, think_tags, ledger: Default::default(), max_token_bytes }
     }
 
     /// Whether the prompt ends inside a reasoning block (R1-style templates

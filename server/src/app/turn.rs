@@ -65,27 +65,66 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>, tenant
         .collect::<Result<_, _>>()
         .map_err(|e| ApiError::internal(format!("a stored item no longer parses: {e}")))?;
     check_call_ids(&parsed, &req.input)?;
-    let parsed = open_compactions(state, &parsed, "previous_response_id", tenant)?;
-    let input = open_compactions(state, &req.input, "input", tenant)?;
     // The prompt must fit the context window and, with room for one output
     // token, the KV pool.
     let limit = state.model.context_length.min(state.scheduler.limits().cache_tokens());
-    let mut skip = 0;
-    loop {
+    check_size_before_rendering(state, req, &parsed, limit)?;
+    let parsed = open_compactions(state, &parsed, "previous_response_id", tenant)?;
+    let input = open_compactions(state, &req.input, "input", tenant)?;
+    let fitting = |skip: usize| -> Result<Result<Vec<u32>, usize>, ApiError> {
         let items: Vec<InputItem> = parsed[skip..].iter().chain(input.iter()).cloned().collect();
         let mut prompt = render(state, req, &items, true)?;
         if prompt.len() >= limit {
             // The earlier turns' sampled ids can outnumber a re-tokenization.
             prompt = render(state, req, &items, false)?;
         }
-        if prompt.len() < limit {
-            return Ok(PreparedTurn { prompt, history });
-        }
-        if req.truncation != Truncation::Auto || skip >= parsed.len() {
-            return Err(ApiError::context_length_exceeded(prompt.len(), limit));
-        }
-        skip += 1;
+        Ok(if prompt.len() < limit { Ok(prompt) } else { Err(prompt.len()) })
+    };
+    let too_long = match fitting(0)? {
+        Ok(prompt) => return Ok(PreparedTurn { prompt, history }),
+        Err(len) => len,
+    };
+    if req.truncation != Truncation::Auto || parsed.is_empty() {
+        return Err(ApiError::context_length_exceeded(too_long, limit));
     }
+    // `truncation: auto` keeps the longest suffix of the history that fits:
+    // the prompt shrinks as items are dropped, so a binary search over how
+    // many to drop renders O(log n) candidates instead of one per item.
+    let mut prompt = match fitting(parsed.len())? {
+        Ok(prompt) => prompt,
+        Err(len) => return Err(ApiError::context_length_exceeded(len, limit)),
+    };
+    let (mut too_few, mut enough) = (0, parsed.len());
+    while enough - too_few > 1 {
+        let mid = too_few + (enough - too_few) / 2;
+        match fitting(mid)? {
+            Ok(p) => (enough, prompt) = (mid, p),
+            Err(_) => too_few = mid,
+        }
+    }
+    Ok(PreparedTurn { prompt, history })
+}
+
+/// Refuses, before anything is rendered or tokenized, a request whose text
+/// cannot fit: what the template must write verbatim (the instructions, this
+/// input, and the history unless `truncation: auto` may drop it) is at least
+/// its bytes over the longest token's bytes in tokens.
+fn check_size_before_rendering(state: &AppState, req: &ValidRequest, history: &[InputItem], limit: usize) -> Result<(), ApiError> {
+    let mut bytes = req.instructions.as_deref().map_or(0, |t| t.trim().len());
+    bytes += req.input.iter().map(InputItem::verbatim_text_len).sum::<usize>();
+    if req.truncation != Truncation::Auto {
+        bytes += history.iter().map(InputItem::verbatim_text_len).sum::<usize>();
+    }
+    let at_least = bytes / state.model.max_token_bytes;
+    if at_least >= limit {
+        let mut error = ApiError::context_length_exceeded(at_least, limit);
+        error.message = format!(
+            "The input is at least {at_least} tokens, but this model's context window leaves room for at most {limit}. \
+             Shorten the input or set truncation to \"auto\"."
+        );
+        return Err(error);
+    }
+    Ok(())
 }
 
 /// Replaces each `compaction` item with the summary it seals (as a message);

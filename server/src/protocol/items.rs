@@ -36,6 +36,25 @@ pub enum InputItem {
 }
 
 impl InputItem {
+    /// Bytes of text a chat template writes out verbatim for this item (the
+    /// text of user, system and developer messages and of function outputs,
+    /// trimmed): a lower bound on what it adds to a prompt. Assistant text
+    /// is left out (templates may strip parts of it).
+    pub fn verbatim_text_len(&self) -> usize {
+        let parts = |parts: &[InputContent]| parts.iter().filter_map(InputContent::text).map(|t| t.trim().len()).sum::<usize>();
+        match self {
+            Self::Message(m) if m.role != Role::Assistant => match &m.content {
+                MessageContent::Text(t) => t.trim().len(),
+                MessageContent::Parts(p) => parts(p),
+            },
+            Self::FunctionCallOutput(o) => match &o.output {
+                FunctionOutput::Text(t) => t.trim().len(),
+                FunctionOutput::Parts(p) => parts(p),
+            },
+            _ => 0,
+        }
+    }
+
     /// The item's id, when it has one (an output item re-sent as input
     /// keeps the id it was given).
     pub fn item_id(&self) -> Option<&str> {
