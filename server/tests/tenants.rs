@@ -220,3 +220,24 @@ async fn a_keys_file_groups_keys_into_tenants_and_metrics_get_their_own_address(
     assert_eq!(status, 401, "/metrics on the main address without a key");
     assert!(daemon.log_text().contains("2 tenants"), "{}", daemon.log_text());
 }
+
+/// One tenant at its cap of concurrent generations gets a 429 with
+/// `Retry-After`; another tenant is not held back by it.
+#[tokio::test]
+async fn a_tenant_at_its_stream_cap_gets_a_429_and_others_still_run() {
+    let limits = Limits { max_streams_per_tenant: 1, ..Limits::default() };
+    let s = common::start(vec!["key-alice".into(), "key-bob".into()], limits).await;
+    let long = create(json!({"background": true, "store": true, "max_output_tokens": 4000, "ignore_eos": true}));
+    let (status, running) = call(&s.base, Method::POST, "/v1/responses", Some(long), A).await;
+    assert_eq!(status, 200, "{running}");
+    let r = common::http().post(format!("{}/v1/responses", s.base)).header("authorization", A).json(&create(json!({}))).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert_eq!(r.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    let (status, theirs) = call(&s.base, Method::POST, "/v1/responses", Some(create(json!({}))), B).await;
+    assert_eq!(status, 200, "the other tenant is held back: {theirs}");
+    let id = running["id"].as_str().unwrap();
+    let (status, _) = call(&s.base, Method::POST, &format!("/v1/responses/{id}/cancel"), None, A).await;
+    assert_eq!(status, 200);
+    let (status, mine) = call(&s.base, Method::POST, "/v1/responses", Some(create(json!({}))), A).await;
+    assert_eq!(status, 200, "the slot came back after the cancel: {mine}");
+}

@@ -40,6 +40,8 @@ pub struct Persist {
     pub prompt: Vec<u32>,
     /// A background response's handle (cancel and delete stop it).
     pub control: Option<Arc<super::background::Background>>,
+    /// The tenant's slot, held until the generation ends.
+    pub slot: Option<super::slots::Slot>,
 }
 
 /// Run the generation to its end. With a `sink`, every event is sent as an

@@ -15,6 +15,7 @@ pub mod ops;
 pub mod reasoning;
 pub mod responses;
 pub mod seal;
+pub mod slots;
 pub mod sse;
 pub mod state;
 pub mod summary;

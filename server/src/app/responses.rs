@@ -72,6 +72,7 @@ pub struct StartedTurn {
 /// `previous_response_id`), renders and submits the turn for `tenant`.
 pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Option<Vec<Value>>, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
     let req = validate_for(state, value)?;
+    let slot = state.slots.acquire(tenant, state.limits.max_streams_per_tenant)?;
     let history = turn::resolve_history(state, req.previous_response_id.clone(), local_history, tenant).await?;
     // Rendering, tokenizing and compiling the grammar are CPU work: off the
     // async threads.
@@ -89,7 +90,7 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
     let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt,
         summary: req.reasoning.and_then(|r| r.summary), cache_salt: tenant.cache_salt(req.prompt_cache_key.as_deref()),
-        tenant: tenant.clone(), control: None };
+        tenant: tenant.clone(), control: None, slot: Some(slot) };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
 }
 

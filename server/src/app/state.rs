@@ -114,6 +114,8 @@ pub struct Limits {
     pub stream_stall_timeout: Duration,
     /// Longest a request body may take to arrive (408 beyond).
     pub body_read_timeout: Duration,
+    /// Most generations one tenant may run (or queue) at once (429 beyond).
+    pub max_streams_per_tenant: usize,
     /// Sampling for fields a request leaves out.
     pub sampling: SamplingDefaults,
     /// Longest a WebSocket connection may stay open (60 minutes).
@@ -131,6 +133,7 @@ impl Default for Limits {
             max_output_tokens: 4096,
             request_timeout: Duration::from_secs(600),
             body_read_timeout: Duration::from_secs(30),
+            max_streams_per_tenant: 320,
             stream_stall_timeout: Duration::from_secs(30),
             sampling: SamplingDefaults::default(),
             websocket_max_connection: Duration::from_secs(60 * 60),
@@ -159,6 +162,8 @@ pub struct AppState {
     pub limits: Limits,
     /// HTTP-level metrics.
     pub metrics: HttpMetrics,
+    /// Generations running per tenant.
+    pub slots: super::slots::TenantSlots,
     /// Background responses in flight: response id -> scheduler request.
     pub running: Mutex<HashMap<String, Arc<super::background::Background>>>,
     /// Set when the drain period after a shutdown signal ends: in-flight

@@ -50,6 +50,11 @@ pub struct ServeArgs {
     /// reading before it ends the response and frees its memory.
     #[arg(long, default_value_t = 30)]
     stream_stall_timeout_s: u64,
+    /// Most responses one tenant (API key) may have generating or queued at
+    /// once; 429 with Retry-After beyond (default: --max-num-seqs plus
+    /// --max-waiting, i.e. no cap below the scheduler's own).
+    #[arg(long, env = "SPINDLE_MAX_STREAMS_PER_TENANT")]
+    max_streams_per_tenant: Option<usize>,
     /// Seconds a request body may take to arrive (408 beyond).
     #[arg(long, default_value_t = 30)]
     body_read_timeout_s: u64,
@@ -124,11 +129,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             },
             task_event_retention: Duration::from_secs(args.task_event_retention_s),
             body_read_timeout: Duration::from_secs(args.body_read_timeout_s),
+            max_streams_per_tenant: args.max_streams_per_tenant.unwrap_or(args.max_num_seqs + args.max_waiting),
             stream_stall_timeout: Duration::from_secs(args.stream_stall_timeout_s),
             ..Limits::default()
         },
         metrics: HttpMetrics::default(),
         running: Default::default(),
+        slots: Default::default(),
         draining: tokio::sync::watch::channel(false).0,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

@@ -88,6 +88,7 @@ pub async fn start_model_with<E: spindle_engine::runner::Executor + 'static>(
         limits,
         metrics: HttpMetrics::default(),
         running: Default::default(),
+        slots: Default::default(),
         draining: tokio::sync::watch::channel(false).0,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
