@@ -31,6 +31,8 @@ fn routes() -> Vec<(Method, &'static str, Option<Value>, Shape)> {
         (Method::POST, "/v1/responses/resp_nope/cancel", None, Shape::OpenAi),
         (Method::GET, "/v1/responses/resp_nope/input_items", None, Shape::OpenAi),
         (Method::GET, "/v1/models", None, Shape::OpenAi),
+        (Method::POST, "/v1/chat/completions", Some(json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})), Shape::OpenAi),
+        (Method::POST, "/v1/completions", Some(json!({"prompt": "hi", "max_tokens": 1})), Shape::OpenAi),
         (Method::POST, "/tokenize", Some(json!({"prompt": "hi"})), Shape::OpenAi),
         (Method::POST, "/detokenize", Some(json!({"tokens": [1, 2]})), Shape::OpenAi),
         (Method::GET, "/metrics", None, Shape::OpenAi),

@@ -60,18 +60,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def client():
-    if not os.environ.get("OPENAI_BASE_URL"):
-        pytest.fail("OPENAI_BASE_URL not set (server/tests/openai_sdk.rs sets it)")
-    return openai.OpenAI(max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="session")
-def model(client):
-    return os.environ.get("SPINDLE_TEST_MODEL") or client.models.list().data[0].id
-
-
 def run_many(client, model, **kwargs):
     """N seeded sampled requests (prompt i % 5, seed i), 16 at a time."""
     def one(i):

@@ -2,6 +2,7 @@
 
 pub mod auth;
 pub mod background;
+pub mod chat;
 pub mod body;
 pub mod compact;
 pub mod constrain;
@@ -46,6 +47,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/v1/models", get(ops::models))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(chat::completions))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/metrics", get(ops::metrics))

@@ -72,13 +72,33 @@ pub struct StartedTurn {
 /// `previous_response_id`), renders and submits the turn for `tenant`.
 pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Option<Vec<Value>>, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
     let req = validate_for(state, value)?;
+    start_valid(state, req, TurnPrompt::Chat(local_history), tenant).await
+}
+
+/// Where a turn's prompt comes from.
+pub enum TurnPrompt {
+    /// The chat template over the conversation (its earlier items from
+    /// `local_history` when given, else from the store).
+    Chat(Option<Vec<Value>>),
+    /// These token ids as they are (a raw completion).
+    Raw(Vec<u32>),
+}
+
+/// [`start_turn`] for a request already validated (and adjusted) by the caller.
+pub async fn start_valid(state: &Arc<AppState>, req: ValidRequest, prompt: TurnPrompt, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
     let slot = state.slots.acquire(tenant, state.limits.max_streams_per_tenant)?;
-    let history = turn::resolve_history(state, req.previous_response_id.clone(), local_history, tenant).await?;
+    let (history, raw) = match prompt {
+        TurnPrompt::Chat(local_history) => (turn::resolve_history(state, req.previous_response_id.clone(), local_history, tenant).await?, None),
+        TurnPrompt::Raw(ids) => (Vec::new(), Some(ids)),
+    };
     // Rendering, tokenizing and compiling the grammar are CPU work: off the
     // async threads.
     let (st, r, t) = (state.clone(), req.clone(), tenant.clone());
     let (history, stream, opens_thinking, prompt) = tokio::task::spawn_blocking(move || {
-        let prepared = turn::prepare(&st, &r, history, &t)?;
+        let prepared = match raw {
+            Some(prompt) => turn::PreparedTurn { prompt, history },
+            None => turn::prepare(&st, &r, history, &t)?,
+        };
         let opens_thinking = turn::prompt_opens_thinking(&st, &prepared.prompt);
         let stream = turn::submit(&st, &r, prepared.prompt.clone(), &t)?;
         Ok::<_, ApiError>((prepared.history, stream, opens_thinking, prepared.prompt))

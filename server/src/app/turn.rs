@@ -217,6 +217,7 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>, tenant: &T
         stop: StopConditions {
             stop_token_ids: if s.ignore_eos { Vec::new() } else { state.model.tokenizer.eos_ids().to_vec() },
             max_tokens,
+            stop_strings: req.stop.clone(),
             ..StopConditions::default()
         },
         cache_salt: tenant.cache_salt(req.prompt_cache_key.as_deref()),

@@ -120,6 +120,9 @@ pub struct ValidRequest {
     pub prompt_cache_key: Option<String>,
     /// Service tier (default `auto`).
     pub service_tier: ServiceTier,
+    /// Strings that end the output (Chat Completions' `stop`; not a field
+    /// of the Responses API).
+    pub stop: Vec<String>,
 }
 
 impl ValidRequest {
@@ -178,6 +181,7 @@ pub fn validate(body: Value, limits: &RequestLimits) -> Result<ValidRequest, Api
         user: o.opt_string("user", 0, 256)?,
         prompt_cache_key: o.opt_string("prompt_cache_key", 0, 64)?,
         service_tier: parse_service_tier(&o)?,
+        stop: Vec::new(),
     };
     if request.input.is_empty()
         && request.previous_response_id.is_none()
