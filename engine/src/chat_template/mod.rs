@@ -72,6 +72,11 @@ impl ChatTemplate {
         })
     }
 
+    /// Another template source (a user's own) rendered with the same BOS/EOS.
+    pub fn with_source(&self, source: &str) -> Result<Self> {
+        Self::new(source, &self.bos_token, &self.eos_token)
+    }
+
     /// The ChatML default for models without a template ([`CHATML_TEMPLATE`],
     /// rendered with `bos_token = ""` and `eos_token = "<|im_end|>"`):
     ///

@@ -53,9 +53,7 @@ pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Op
         max_output_tokens: state.limits.max_output_tokens as u32,
     };
     let req = validate(value, &limits)?;
-    if req.model.as_deref() != Some(state.model.name.as_str()) {
-        return Err(ApiError::model_not_found(req.model.as_deref().unwrap_or("")));
-    }
+    super::responses::check_model(&state, req.model.as_deref())?;
     let history = turn::resolve_history(&state, req.previous_response_id.clone(), local_history, tenant).await?;
     let mut json_items = history;
     json_items.extend(input_items_json(&req));

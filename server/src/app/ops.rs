@@ -8,18 +8,13 @@ use axum::Json;
 use serde_json::json;
 use std::sync::Arc;
 
-/// GET /v1/models: the one model this daemon serves.
+/// GET /v1/models: the one model this daemon serves, under each of its names.
 pub async fn models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model.name,
-            "object": "model",
-            "created": state.model.created,
-            "owned_by": "spindle",
-            "context_length": state.model.context_length,
-        }]
-    }))
+    let names = std::iter::once(&state.model.name).chain(&state.model.aliases);
+    let data: Vec<_> = names
+        .map(|name| json!({"id": name, "object": "model", "created": state.model.created, "owned_by": "spindle", "context_length": state.model.context_length, "max_model_len": state.model.context_length}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// GET /health: the process is alive.

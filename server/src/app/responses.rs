@@ -137,7 +137,7 @@ pub fn validate_for(state: &AppState, value: Value) -> Result<ValidRequest, ApiE
 /// A request's `model`, if given, must be the one this server serves (404 otherwise).
 pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        Some(m) if m != state.model.name => Err(ApiError::model_not_found(m)),
+        Some(m) if !state.model.answers_to(m) => Err(ApiError::model_not_found(m)),
         _ => Ok(()),
     }
 }

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 /// What the server knows about the model it serves.
 pub struct ModelInfo {
-    /// The id clients send as `model`.
+    /// The id clients send as `model` (the first `--served-model-name`).
     pub name: String,
+    /// Other names requests may use for it (`--served-model-name`).
+    pub aliases: Vec<String>,
     /// Tokenizer (prompt encoding).
     pub tokenizer: Tokenizer,
     /// Chat template.
@@ -50,7 +52,12 @@ impl ModelInfo {
         let call_format = super::constrain::CallFormat::of(&template, &tokenizer);
         let think_tags = super::reasoning::ThinkTags::of(&tokenizer, &template);
         let max_token_bytes = tokenizer.hf().get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
-        Self { name, tokenizer, template, context_length, created, grammar, call_format, think_tags, ledger: Default::default(), max_token_bytes }
+        Self { name, aliases: Vec::new(), tokenizer, template, context_length, created, grammar, call_format, think_tags, ledger: Default::default(), max_token_bytes }
+    }
+
+    /// Whether requests may name the model `name`.
+    pub fn answers_to(&self, name: &str) -> bool {
+        name == self.name || self.aliases.iter().any(|a| a == name)
     }
 
     /// Whether the prompt ends inside a reasoning block (R1-style templates
@@ -105,8 +112,10 @@ pub struct Limits {
     pub max_input_items: usize,
     /// Most tools per request.
     pub max_tools: usize,
-    /// Largest `max_output_tokens` (and the default when absent).
+    /// Largest `max_output_tokens`.
     pub max_output_tokens: usize,
+    /// `max_output_tokens` when a request leaves it out.
+    pub default_output_tokens: usize,
     /// Wall-clock limit of one request.
     pub request_timeout: Duration,
     /// Longest a streamed response may wait for its client to read before it
@@ -131,6 +140,7 @@ impl Default for Limits {
             max_input_items: 1024,
             max_tools: 128,
             max_output_tokens: 4096,
+            default_output_tokens: 4096,
             request_timeout: Duration::from_secs(600),
             body_read_timeout: Duration::from_secs(30),
             max_streams_per_tenant: 320,

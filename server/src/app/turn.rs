@@ -209,7 +209,7 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>, tenant: &T
         top_logprobs: s.top_logprobs.unwrap_or(0) as usize,
         logprobs: s.top_logprobs.is_some(),
     };
-    let max_tokens = req.max_output_tokens.map_or(state.limits.max_output_tokens, |m| m as usize);
+    let max_tokens = req.max_output_tokens.map_or(state.limits.default_output_tokens, |m| m as usize);
     let constraint = state.model.constraint_for(req, &prompt)?;
     let request = GenerationRequest {
         prompt,

@@ -4,6 +4,7 @@ pub mod engine;
 pub mod generate;
 pub mod models;
 pub mod serve;
+pub mod served;
 
 /// Size rayon's global pool (`--threads`, default: all cores).
 pub fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@ use crate::cli::engine::{self, EngineArgs, Started};
 use clap::Args;
 use spindle_engine::models::cache_root;
 use spindle_scheduler::SchedulerConfig;
-use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo, SamplingDefaults};
+use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, SamplingDefaults};
 use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig, TaskStore};
 use spindle_server::net::{self, ConnectionLimits};
 use std::net::SocketAddr;
@@ -19,6 +19,17 @@ pub struct ServeArgs {
     /// Where and how the model runs.
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    served: super::served::ServedModelArgs,
+    /// Reuse cached prompt prefixes across requests (the default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    enable_prefix_caching: bool,
+    /// Compute every prompt in full: no prefix cache.
+    #[arg(long)]
+    no_enable_prefix_caching: bool,
+    /// `max_output_tokens` when a request leaves it out (default: 4096, the most allowed).
+    #[arg(long, env = "SPINDLE_DEFAULT_MAX_OUTPUT_TOKENS")]
+    default_max_output_tokens: Option<usize>,
     /// Address to bind.
     #[arg(long, env = "SPINDLE_HOST", default_value = "127.0.0.1")]
     host: String,
@@ -117,7 +128,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         idempotency: Default::default(),
         tasks: Default::default(),
         scheduler: started.scheduler,
-        model: ModelInfo::new(meta.location.name, meta.tokenizer, meta.template, meta.config.context_length, meta.config.vocab_size, unix_now()),
+        model: args.served.model_info(meta, unix_now())?,
         store,
         keys,
         limits: Limits {
@@ -131,6 +142,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             body_read_timeout: Duration::from_secs(args.body_read_timeout_s),
             max_streams_per_tenant: args.max_streams_per_tenant.unwrap_or(args.max_num_seqs + args.max_waiting),
             stream_stall_timeout: Duration::from_secs(args.stream_stall_timeout_s),
+            default_output_tokens: default_output_tokens(&args)?,
             ..Limits::default()
         },
         metrics: HttpMetrics::default(),
@@ -138,6 +150,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         slots: Default::default(),
         draining: tokio::sync::watch::channel(false).0,
     });
+    log_settings(&args, &state);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut connections = ConnectionLimits::from_fd_limit(Duration::from_secs(args.header_read_timeout_s));
     if let Some(max) = args.max_connections {
@@ -150,6 +163,33 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.body_read_timeout_s
     );
     runtime.block_on(serve(addr, args.metrics_addr, state, connections, Duration::from_secs(args.store_ttl_hours * 3600)))
+}
+
+/// `--default-max-output-tokens`, within the server's cap.
+fn default_output_tokens(args: &ServeArgs) -> anyhow::Result<usize> {
+    let cap = Limits::default().max_output_tokens;
+    match args.default_max_output_tokens {
+        Some(n) if n == 0 || n > cap => anyhow::bail!("--default-max-output-tokens must be between 1 and {cap}"),
+        Some(n) => Ok(n),
+        None => Ok(cap),
+    }
+}
+
+/// One line with the settings in force, for whoever reads the log.
+fn log_settings(args: &ServeArgs, state: &AppState) {
+    let m = &state.model;
+    tracing::info!(
+        "serving {} (also as {:?}); context {} tokens; prefix caching {}; default max_output_tokens {}; max {} sequences per step, {} waiting, {} per tenant; chat template {}",
+        m.name,
+        m.aliases,
+        m.context_length,
+        if args.no_enable_prefix_caching { "off" } else { "on" },
+        state.limits.default_output_tokens,
+        args.max_num_seqs,
+        args.max_waiting,
+        state.limits.max_streams_per_tenant,
+        args.served.chat_template.as_ref().map_or_else(|| "the model's".to_string(), |p| p.display().to_string()),
+    );
 }
 
 /// The keys of `--api-key` and `--api-key-file`, with their tenants.
@@ -172,7 +212,7 @@ fn start_engine(args: &ServeArgs) -> anyhow::Result<Started> {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_waiting: args.max_waiting,
-        enable_prefix_caching: true,
+        enable_prefix_caching: !args.no_enable_prefix_caching,
         model_salt: model_salt(&opened.meta.location.path),
     };
     Ok(engine::start(opened, config))
