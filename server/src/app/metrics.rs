@@ -72,6 +72,11 @@ impl HttpMetrics {
         self.output_tokens.fetch_add(output as u64, Relaxed);
     }
 
+    /// Prompt and generated tokens of finished responses so far.
+    pub fn token_totals(&self) -> (u64, u64) {
+        (self.input_tokens.load(Relaxed), self.output_tokens.load(Relaxed))
+    }
+
     /// Prometheus text exposition of these and the scheduler's metrics.
     pub fn render(&self, sched: &MetricsSnapshot) -> String {
         let mut out = String::new();

@@ -12,6 +12,7 @@ pub mod error;
 pub mod gpu_stats;
 pub mod ledger;
 pub mod metrics;
+pub mod metrics_vllm;
 pub mod ops;
 pub mod reasoning;
 pub mod responses;

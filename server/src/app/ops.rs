@@ -35,7 +35,17 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
 
 /// GET /metrics: Prometheus text format.
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let mut body = state.metrics.render(&state.scheduler.metrics().snapshot());
+    let sched = state.scheduler.metrics().snapshot();
+    let mut body = state.metrics.render(&sched);
+    let (prompt_tokens, generation_tokens) = state.metrics.token_totals();
+    let inputs = super::metrics_vllm::VllmInputs {
+        model_name: &state.model.name,
+        block_size: state.scheduler.limits().block_size,
+        sched: &sched,
+        prompt_tokens,
+        generation_tokens,
+    };
+    super::metrics_vllm::render(&mut body, &inputs);
     // NVML calls block (a wedged GPU may hang them): off the async threads.
     if let Ok(Some(reading)) = tokio::task::spawn_blocking(super::gpu_stats::read).await {
         super::gpu_stats::render(&mut body, &reading);

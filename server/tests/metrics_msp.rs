@@ -1,0 +1,55 @@
+//! The Model Server Protocol's metrics under vLLM's names, scraped from
+//! `/metrics` while the real model works: each has its type and the
+//! `model_name` label, running requests and KV-cache usage rise while a
+//! long response generates and fall back to their idle values after it.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use serde_json::json;
+use spindle_server::app::Limits;
+use std::time::Duration;
+
+/// `name{model_name="…"}`'s value in a scrape.
+fn value(scrape: &str, name: &str) -> f64 {
+    let prefix = format!("{name}{{model_name=\"smollm2-135m-instruct\"}} ");
+    let line = scrape.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {prefix} in:\n{scrape}"));
+    line[prefix.len()..].parse().unwrap()
+}
+
+async fn scrape(s: &common::Server) -> String {
+    common::http().get(format!("{}/metrics", s.base)).send().await.unwrap().text().await.unwrap()
+}
+
+#[tokio::test]
+async fn msp_metrics_have_vllm_names_types_and_follow_the_load() {
+    let s = common::start(vec![], Limits::default()).await;
+    let idle = scrape(&s).await;
+    for (name, kind) in [("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"), ("vllm:kv_cache_usage_perc", "gauge"),
+        ("vllm:gpu_cache_usage_perc", "gauge"), ("vllm:cache_config_info", "gauge"), ("vllm:prompt_tokens_total", "counter"),
+        ("vllm:generation_tokens_total", "counter"), ("vllm:prefix_cache_queries_total", "counter"), ("vllm:prefix_cache_hits_total", "counter")]
+    {
+        assert!(idle.contains(&format!("# TYPE {name} {kind}\n")), "{name} {kind}:\n{idle}");
+    }
+    assert!(idle.contains("vllm:cache_config_info{model_name=\"smollm2-135m-instruct\",block_size=\"16\",num_gpu_blocks=\"256\"} 1"), "{idle}");
+    assert_eq!((value(&idle, "vllm:num_requests_running"), value(&idle, "vllm:kv_cache_usage_perc")), (0.0, 0.0));
+    let body = json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "max_output_tokens": 4000, "ignore_eos": true,
+        "background": true, "store": true, "temperature": 0});
+    let made: serde_json::Value = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let busy = loop {
+        let now = scrape(&s).await;
+        if value(&now, "vllm:num_requests_running") >= 1.0 && value(&now, "vllm:kv_cache_usage_perc") > 0.02 {
+            break now;
+        }
+        assert!(std::time::Instant::now() < deadline, "never saw the response running:\n{now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(value(&busy, "vllm:kv_cache_usage_perc") <= 1.0);
+    let id = made["id"].as_str().unwrap();
+    common::http().post(format!("{}/v1/responses/{id}/cancel", s.base)).send().await.unwrap();
+    common::assert_blocks_freed(&s, 5, "after the cancel").await;
+    let after = scrape(&s).await;
+    assert_eq!((value(&after, "vllm:num_requests_running"), value(&after, "vllm:kv_cache_usage_perc")), (0.0, 0.0), "{after}");
+    assert!(value(&after, "vllm:prefix_cache_queries_total") > 0.0, "{after}");
+}
