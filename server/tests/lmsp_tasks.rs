@@ -213,3 +213,35 @@ async fn one_idempotency_key_makes_one_task() {
     let events = read(&s, a["id"].as_str().unwrap(), 0, Resume::Query, None).await;
     assert!(is_terminal(events.last().unwrap()));
 }
+
+/// After a crash, a reader resuming from an id it saw live (past what was
+/// stored before the crash) still reaches the final event: the restart's
+/// `response.failed`, not a 410.
+#[tokio::test]
+async fn a_reader_resuming_after_a_crash_reaches_the_final_event() {
+    use spindle_server::store::{TaskEvent, TaskRecord};
+    let s = common::start(vec![], Limits::default()).await;
+    let task = TaskRecord {
+        id: "task_crashed".into(),
+        response_id: "resp_crashed".into(),
+        created_at: 1,
+        status: "in_progress".into(),
+        finished_at: None,
+        last_event_id: 5,
+        response: Value::Null,
+        tenant: String::new(),
+    };
+    s.state.store.put_task(&task).unwrap();
+    let stored: Vec<TaskEvent> = (1..=5).map(|id| TaskEvent { id, event: "response.output_text.delta".into(), data: json!({"delta": "x"}) }).collect();
+    s.state.store.append_task_events("task_crashed", &stored).unwrap();
+    // What the next start does for a task the previous process left running.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert_eq!(s.state.store.fail_unfinished_tasks(now).unwrap(), 1);
+    for after in [3, 12] {
+        // 12: an event the reader saw live that never reached the store.
+        let events = read(&s, "task_crashed", after, Resume::Query, None).await;
+        let last = events.last().expect("events");
+        assert_eq!(last.name, "response.failed", "after {after}: {events:?}");
+        assert!(events.iter().all(|e| e.id > after), "after {after}: {events:?}");
+    }
+}

@@ -6,6 +6,8 @@ use serde_json::Value;
 /// One event as SSE bytes (one write per event).
 pub fn frame(event: &Value) -> String {
     let kind = event.get("type").and_then(Value::as_str).unwrap_or("message");
+    // A line break in the name would end the field early and split the event.
+    let kind = if kind.contains(['\n', '\r']) { kind.replace(['\n', '\r'], " ") } else { kind.to_string() };
     format!("event: {kind}\ndata: {event}\n\n")
 }
 
