@@ -386,20 +386,7 @@ fn actual(tok: &Tokenizer, stop: &StopConditions, ids: &[u32]) -> Outcome {
     }
 }
 
-/// xorshift64*: a tiny deterministic generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use spindle_testenv::Rng;
 
 /// A random stop string: usually a substring of `text`, sometimes not.
 fn random_stop(rng: &mut Rng, text: &str) -> String {

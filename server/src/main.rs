@@ -34,7 +34,7 @@ fn init_logging(format: LogFormat) {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the model over Open Responses (HTTP JSON and SSE).
-    Serve(cli::serve::ServeArgs),
+    Serve(Box<cli::serve::ServeArgs>),
     /// Generate text from a prompt, streamed to stdout.
     Generate(cli::generate::GenerateArgs),
     /// List the models in the model cache.
@@ -45,7 +45,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let result = match cli.command {
-        Command::Serve(args) => cli::serve::run(args),
+        Command::Serve(args) => cli::serve::run(*args),
         Command::Generate(args) => cli::generate::run(args),
         Command::Models => cli::models::run(),
     };

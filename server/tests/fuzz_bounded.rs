@@ -14,27 +14,10 @@ use spindle_server::app::sse;
 use spindle_server::app::tool_parser::ToolCallParser;
 use spindle_server::protocol::mapper::MapperInput;
 use spindle_server::protocol::{validate, RequestLimits};
+use spindle_testenv::Rng;
 
 /// Cases per target.
 const CASES: usize = 20_000;
-
-/// xorshift64*: small, seeded, the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 const STRINGS: &[&str] = &["", "a", "user", "assistant", "system", "tool", "function", "auto", "none", "required", "json_schema",
     "json_object", "text", "input_text", "output_text", "message", "function_call", "function_call_output", "call_1", "get_weather",
