@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 
 /// Spindle: an LLM inference daemon.
 #[derive(Parser)]
-#[command(name = "spindle", version, about)]
+#[command(name = "spindle", version, about, args_override_self = true)]
 struct Cli {
     /// Log lines as human-readable text or as one JSON object per line
     /// (fields: timestamp, level, target, message, request_id, route, status, ms, ...).
@@ -42,7 +42,14 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let args = match cli::config::expand(std::env::args().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(args);
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => cli::serve::run(*args),

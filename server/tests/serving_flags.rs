@@ -1,7 +1,8 @@
 //! `spindle serve`'s vLLM-style serving flags, through the binary:
 //! `--served-model-name` aliases, `--max-model-len`, `--chat-template`,
-//! `--no-enable-prefix-caching`, `--default-max-output-tokens`, and the
-//! start-up line that states them.
+//! `--no-enable-prefix-caching`, `--default-max-output-tokens`, given in a
+//! `--config` file that the command line overrides, and the start-up line
+//! that states them.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -18,8 +19,11 @@ async fn serving_flags_shape_the_served_model() {
     let dir = tempfile::tempdir().unwrap();
     let template = dir.path().join("plain.jinja");
     std::fs::write(&template, "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}### assistant:").unwrap();
-    let args = ["--served-model-name", "tiny,tiny-alias", "--max-model-len", "512", "--chat-template", template.to_str().unwrap(),
-        "--no-enable-prefix-caching", "--default-max-output-tokens", "20"];
+    // The flags come from a --config file, except one the command line overrides.
+    let config = dir.path().join("spindle.toml");
+    let toml = format!("served_model_name = [\"tiny\", \"tiny-alias\"]\nmax-model-len = 512\nchat_template = \"{}\"\nno_enable_prefix_caching = true\ndefault_max_output_tokens = 30\n", template.display());
+    std::fs::write(&config, toml).unwrap();
+    let args = ["--config", config.to_str().unwrap(), "--default-max-output-tokens", "20"];
     let daemon = common::daemon::start_daemon(&spindle_testenv::smollm2_gguf(), dir.path(), &args);
     let base = daemon.base();
     let models: Value = common::http().get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();

@@ -1,5 +1,6 @@
 //! Subcommands of the `spindle` binary.
 
+pub mod config;
 pub mod engine;
 pub mod generate;
 pub mod models;

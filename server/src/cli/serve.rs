@@ -17,6 +17,10 @@ use std::time::Duration;
 #[derive(Args)]
 pub struct ServeArgs {
     /// Where and how the model runs.
+    /// A file of serving flags (`key = value` or `key: value` lines, keys
+    /// as the flags' names); flags on the command line win over it.
+    #[arg(long)]
+    config: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
