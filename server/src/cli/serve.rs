@@ -16,11 +16,11 @@ use std::time::Duration;
 /// Arguments of `spindle serve`.
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Where and how the model runs.
     /// A file of serving flags (`key = value` or `key: value` lines, keys
     /// as the flags' names); flags on the command line win over it.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Where and how the model runs.
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
