@@ -32,6 +32,17 @@ async fn logs_are_one_json_object_per_line() {
     }
     let r = common::http().get(format!("{base}/v1/models")).send().await.unwrap();
     let request_id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    // A stream read to its end, and one the client leaves early.
+    let streamed = Instant::now();
+    let body = serde_json::json!({"input": "Tell me a story.", "stream": true, "max_output_tokens": 32, "ignore_eos": true});
+    let r = common::http().post(format!("{base}/v1/responses")).header("x-request-id", "req_full").json(&body).send().await.unwrap();
+    let full_text = r.text().await.unwrap();
+    let streamed_ms = streamed.elapsed().as_millis() as u64;
+    let long = serde_json::json!({"input": "Tell me a story.", "stream": true, "max_output_tokens": 2000, "ignore_eos": true});
+    let mut left = common::http().post(format!("{base}/v1/responses")).header("x-request-id", "req_left").json(&long).send().await.unwrap();
+    let _first = tokio::time::timeout(Duration::from_secs(60), left.chunk()).await.expect("a first chunk in time").unwrap();
+    drop(left);
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
     let stopped = Instant::now() + Duration::from_secs(30);
     while daemon.try_wait().unwrap().is_none() {
@@ -47,4 +58,10 @@ async fn logs_are_one_json_object_per_line() {
     assert!(lines.iter().all(|l| l["timestamp"].is_string() && l["level"].is_string() && l["message"].is_string()));
     let access = lines.iter().find(|l| l["request_id"] == request_id.as_str()).expect("an access line for the request");
     assert_eq!((access["route"].as_str(), access["status"].as_u64()), (Some("/v1/models"), Some(200)), "{access}");
+    // A stream's line is written when it ends: its real duration and bytes.
+    let full = lines.iter().find(|l| l["request_id"] == "req_full").expect("the full stream's access line");
+    assert_eq!((full["stream"].as_str(), full["bytes"].as_u64()), (Some("complete"), Some(full_text.len() as u64)), "{full}");
+    assert!(full["ms"].as_u64().unwrap() + 50 >= streamed_ms / 2, "{full} vs {streamed_ms} ms seen by the client");
+    let left = lines.iter().find(|l| l["request_id"] == "req_left").expect("the abandoned stream's access line");
+    assert_eq!(left["stream"], "client_closed", "{left}");
 }

@@ -1,5 +1,6 @@
 //! The HTTP application: routes, middleware and handlers over [`AppState`].
 
+pub mod access_log;
 pub mod auth;
 pub mod background;
 pub mod chat;
@@ -122,14 +123,13 @@ async fn count_requests(State(state): State<Arc<AppState>>, request: Request, ne
         .filter(|v| v.len() <= 128)
         .map(str::to_string)
         .unwrap_or_else(|| format!("req_{}", uuid::Uuid::new_v4().simple()));
-    let method = request.method().clone();
+    let method = request.method().to_string();
     let started = std::time::Instant::now();
     let mut response = next.run(request).await;
     let status = response.status().as_u16();
     state.metrics.request(&route, status);
-    tracing::info!(request_id = %id, %method, route = %route, status, ms = started.elapsed().as_millis() as u64, "request");
     if let Ok(v) = header::HeaderValue::from_str(&id) {
         response.headers_mut().insert("x-request-id", v);
     }
-    response
+    access_log::log(access_log::AccessLine { request_id: id, method, route, status, started }, response)
 }
