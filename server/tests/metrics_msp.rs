@@ -33,6 +33,23 @@ async fn msp_metrics_have_vllm_names_types_and_follow_the_load() {
     }
     assert!(idle.contains("vllm:cache_config_info{model_name=\"smollm2-135m-instruct\",block_size=\"16\",num_gpu_blocks=\"256\"} 1"), "{idle}");
     assert_eq!((value(&idle, "vllm:num_requests_running"), value(&idle, "vllm:kv_cache_usage_perc")), (0.0, 0.0));
+    // One finished request: each phase histogram counts it once.
+    let short = json!({"model": "smollm2-135m-instruct", "input": "Say hi.", "max_output_tokens": 16, "store": false});
+    let r = common::http().post(format!("{}/v1/responses", s.base)).json(&short).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let done = scrape(&s).await;
+    for name in ["vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds", "vllm:time_to_first_token_seconds"]
+    {
+        assert!(done.contains(&format!("# TYPE {name} histogram\n")), "{name}:\n{done}");
+        assert_eq!(value(&done, &format!("{name}_count")), 1.0, "{name}");
+    }
+    let e2e = value(&done, "vllm:e2e_request_latency_seconds_sum");
+    let parts = ["vllm:request_queue_time_seconds_sum", "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum"]
+        .iter()
+        .map(|n| value(&done, n))
+        .sum::<f64>();
+    assert!(e2e > 0.0 && (e2e - parts).abs() < 0.01, "the phases add up to the whole: {e2e} vs {parts}");
     let body = json!({"model": "smollm2-135m-instruct", "input": "Write a long story.", "max_output_tokens": 4000, "ignore_eos": true,
         "background": true, "store": true, "temperature": 0});
     let made: serde_json::Value = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();

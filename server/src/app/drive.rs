@@ -267,12 +267,23 @@ enum Next {
 
 struct Timing {
     start: Instant,
+    admitted: Option<Instant>,
+    first: Option<Instant>,
     last: Option<Instant>,
 }
 
 impl Timing {
     fn new() -> Self {
-        Self { start: Instant::now(), last: None }
+        Self { start: Instant::now(), admitted: None, first: None, last: None }
+    }
+
+    /// Records the finished request's phases.
+    fn finish(&self, state: &AppState) {
+        let end = Instant::now();
+        let admitted = self.admitted.unwrap_or(self.start);
+        let first = self.first.unwrap_or(end);
+        let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
+        state.metrics.phases(secs(self.start, admitted), secs(admitted, first), secs(first, end), secs(self.start, end));
     }
 }
 
@@ -284,7 +295,10 @@ fn to_mapper_inputs(
     calls_parsed: bool,
 ) -> Vec<MapperInput> {
     match event {
-        GenerationEvent::Started { cached_tokens } => vec![MapperInput::Started { cached_tokens }],
+        GenerationEvent::Started { cached_tokens } => {
+            timing.admitted = Some(Instant::now());
+            vec![MapperInput::Started { cached_tokens }]
+        }
         GenerationEvent::Delta { mut text, token } => {
             if calls_parsed {
                 for (id, marker) in state.model.call_format.marker_tokens() {
@@ -299,6 +313,7 @@ fn to_mapper_inputs(
                 }
             }
             let now = Instant::now();
+            timing.first.get_or_insert(now);
             match timing.last {
                 None => state.metrics.ttft((now - timing.start).as_secs_f64()),
                 Some(prev) => state.metrics.itl((now - prev).as_secs_f64()),
@@ -312,6 +327,7 @@ fn to_mapper_inputs(
         }
         GenerationEvent::Finished { reason, text, usage } => {
             state.metrics.tokens(usage.input_tokens, usage.cached_tokens, usage.output_tokens);
+            timing.finish(state);
             let mut counts = UsageCounts::from(usage);
             let mut inputs = match reasoning {
                 Some(r) => {

@@ -23,16 +23,18 @@ impl Histogram {
         self.sum_micros.fetch_add((seconds * 1e6) as u64, Relaxed);
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    /// The histogram's lines; `labels` (e.g. `model_name="m"`) go on every one.
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let (sep, braces) = if labels.is_empty() { ("", String::new()) } else { (",", format!("{{{labels}}}")) };
         let mut cumulative = 0;
         for (b, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
             cumulative += c.load(Relaxed);
             let le = if b.is_infinite() { "+Inf".to_string() } else { b.to_string() };
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}");
         }
-        let _ = writeln!(out, "{name}_sum {}", self.sum_micros.load(Relaxed) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count {cumulative}");
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum_micros.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{braces} {cumulative}");
     }
 }
 
@@ -42,6 +44,10 @@ pub struct HttpMetrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     ttft: Histogram,
     itl: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
     input_tokens: AtomicU64,
     cached_tokens: AtomicU64,
     output_tokens: AtomicU64,
@@ -65,6 +71,26 @@ impl HttpMetrics {
         self.itl.observe(seconds);
     }
 
+    /// The phases of a finished request, seconds: waiting for admission,
+    /// prefill (admission to first token), decode (first token to the end),
+    /// and end to end.
+    pub fn phases(&self, queue: f64, prefill: f64, decode: f64, e2e: f64) {
+        self.queue.observe(queue);
+        self.prefill.observe(prefill);
+        self.decode.observe(decode);
+        self.e2e.observe(e2e);
+    }
+
+    /// The latency histograms under vLLM's names, labelled `labels`.
+    pub fn render_vllm_histograms(&self, out: &mut String, labels: &str) {
+        self.e2e.render(out, "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels);
+        self.queue.render(out, "vllm:request_queue_time_seconds", "Time waiting for admission.", labels);
+        self.prefill.render(out, "vllm:request_prefill_time_seconds", "Time from admission to the first token.", labels);
+        self.decode.render(out, "vllm:request_decode_time_seconds", "Time from the first token to the last.", labels);
+        self.ttft.render(out, "vllm:time_to_first_token_seconds", "Time to first token.", labels);
+        self.itl.render(out, "vllm:inter_token_latency_seconds", "Time between streamed tokens.", labels);
+    }
+
     /// Token counts of a finished response.
     pub fn tokens(&self, input: usize, cached: usize, output: usize) {
         self.input_tokens.fetch_add(input as u64, Relaxed);
@@ -86,8 +112,12 @@ impl HttpMetrics {
                 let _ = writeln!(out, "spindle_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
             }
         }
-        self.ttft.render(&mut out, "spindle_time_to_first_token_seconds", "Time to first token.");
-        self.itl.render(&mut out, "spindle_inter_token_latency_seconds", "Time between streamed tokens.");
+        self.ttft.render(&mut out, "spindle_time_to_first_token_seconds", "Time to first token.", "");
+        self.itl.render(&mut out, "spindle_inter_token_latency_seconds", "Time between streamed tokens.", "");
+        self.e2e.render(&mut out, "spindle_request_duration_seconds", "End-to-end request latency.", "");
+        self.queue.render(&mut out, "spindle_request_queue_seconds", "Time waiting for admission.", "");
+        self.prefill.render(&mut out, "spindle_request_prefill_seconds", "Time from admission to the first token.", "");
+        self.decode.render(&mut out, "spindle_request_decode_seconds", "Time from the first token to the last.", "");
         for (name, v, help) in [
             ("spindle_input_tokens_total", &self.input_tokens, "Prompt tokens."),
             ("spindle_cached_tokens_total", &self.cached_tokens, "Prompt tokens served from the prefix cache."),

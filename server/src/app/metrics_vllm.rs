@@ -10,6 +10,8 @@ use std::fmt::Write;
 
 /// What the vLLM-named series are computed from.
 pub struct VllmInputs<'a> {
+    /// The HTTP layer's latency histograms.
+    pub http: &'a super::metrics::HttpMetrics,
     /// The served model's name.
     pub model_name: &'a str,
     /// Tokens per KV block.
@@ -61,6 +63,7 @@ pub fn render(out: &mut String, m: &VllmInputs<'_>) {
     for (name, value, help) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{label}}} {value}");
     }
+    m.http.render_vllm_histograms(out, &label);
 }
 
 #[cfg(test)]
@@ -71,7 +74,11 @@ mod tests {
     fn series_carry_the_model_name_and_usage_is_a_fraction() {
         let sched = MetricsSnapshot { running: 2, waiting: 3, blocks_used: 25, blocks_free: 50, blocks_cached: 25, ..MetricsSnapshot::default() };
         let mut out = String::new();
-        render(&mut out, &VllmInputs { model_name: "m\"x", block_size: 16, sched: &sched, prompt_tokens: 7, generation_tokens: 9 });
+        let http = super::super::metrics::HttpMetrics::default();
+        http.phases(0.001, 0.02, 0.3, 0.33);
+        render(&mut out, &VllmInputs { http: &http, model_name: "m\"x", block_size: 16, sched: &sched, prompt_tokens: 7, generation_tokens: 9 });
+        assert!(out.contains("vllm:request_decode_time_seconds_bucket{model_name=\"m\\\"x\",le=\"0.5\"} 1"), "{out}");
+        assert!(out.contains("vllm:e2e_request_latency_seconds_count{model_name=\"m\\\"x\"} 1"), "{out}");
         assert!(out.contains("vllm:num_requests_waiting{model_name=\"m\\\"x\"} 3"), "{out}");
         assert!(out.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.25"), "{out}");
         assert!(out.contains("block_size=\"16\",num_gpu_blocks=\"100\"} 1"), "{out}");

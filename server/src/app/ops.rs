@@ -39,6 +39,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut body = state.metrics.render(&sched);
     let (prompt_tokens, generation_tokens) = state.metrics.token_totals();
     let inputs = super::metrics_vllm::VllmInputs {
+        http: &state.metrics,
         model_name: &state.model.name,
         block_size: state.scheduler.limits().block_size,
         sched: &sched,
