@@ -118,6 +118,7 @@ fn bench_overhead(c: &mut Criterion) {
         limits: Limits::default(),
         metrics: HttpMetrics::default(),
         running: Default::default(),
+        slots: Default::default(),
         draining: tokio::sync::watch::channel(false).0,
     });
     let base = rt.block_on(async {
