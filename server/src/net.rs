@@ -259,7 +259,7 @@ mod tests {
         let open: Vec<u64> = registry.lock().1.keys().copied().collect();
         assert!(open.contains(&admitted[0].0), "the connection that sent a request stays");
         assert!(!open.contains(&admitted[1].0), "the oldest idle one was evicted");
-        for (_, t) in registry.lock().1.values().map(|t| ((), t.clone())).collect::<Vec<_>>() {
+        for t in registry.lock().1.values() {
             t.served.store(true, Ordering::Release);
         }
         assert!(registry.admit(3).is_none(), "with every connection in use the newcomer is refused");

@@ -678,7 +678,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cancelled_response_keeps_its_text_and_leaves_the_open_item_incomplete() {
+    fn a_cancelled_response_keeps_its_text_and_leaves_the_open_item_incomplete() -> Result<(), serde_json::Error> {
         let mut m = mapper();
         m.start();
         m.push(MapperInput::Started { cached_tokens: 0 });
@@ -686,10 +686,11 @@ mod tests {
         m.cancel();
         let r = m.response();
         assert_eq!(r.status, ResponseStatus::Cancelled);
-        let item = serde_json::to_value(&r.output[0]).unwrap();
+        let item = serde_json::to_value(&r.output[0])?;
         assert_eq!((item["status"].as_str(), item["content"][0]["text"].as_str()), (Some("incomplete"), Some("half an ans")), "{item}");
         m.push(MapperInput::Failed { message: "aborted".into() });
         assert_eq!(m.response().status, ResponseStatus::Cancelled, "a later failure does not overwrite it");
+        Ok(())
     }
 
     #[test]

@@ -32,10 +32,12 @@ const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
 
 /// POST /v1/chat/completions
 pub async fn chat_completions(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, body: Result<Bytes, BytesRejection>) -> Response {
-    match chat_inner(state, body, tenant).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+    answer(chat_inner(state, body, tenant).await)
+}
+
+/// The handler's response, or its error in OpenAI's shape.
+fn answer(result: Result<Response, ApiError>) -> Response {
+    result.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn chat_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, tenant: Tenant) -> Result<Response, ApiError> {
@@ -49,10 +51,7 @@ async fn chat_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, t
 
 /// POST /v1/completions: a raw prompt (text or token ids), no chat template.
 pub async fn completions(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, body: Result<Bytes, BytesRejection>) -> Response {
-    match completions_inner(state, body, tenant).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+    answer(completions_inner(state, body, tenant).await)
 }
 
 async fn completions_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, tenant: Tenant) -> Result<Response, ApiError> {
