@@ -43,11 +43,13 @@ pub enum Arrival {
 #[derive(Debug, Clone, Parser, Serialize, Deserialize)]
 #[command(name = "spindle-bench", version, about = "Benchmark an LLM server under load (Open Responses or chat completions).")]
 pub struct Args {
-    /// Server base URL including `/v1`, e.g. http://127.0.0.1:8080/v1.
+    /// Server base URL including `/v1`, e.g. http://127.0.0.1:8080/v1
+    /// (`https://` is spoken with rustls, `wss://` for `--api websocket`).
     #[arg(long, env = "SPINDLE_BENCH_BASE_URL", required_unless_present = "replot", default_value = "")]
     pub base_url: String,
-    /// Model name sent in every request.
-    #[arg(long, required_unless_present = "replot", default_value = "")]
+    /// Model name sent in every request; when left out, the first model
+    /// listed by `GET {base-url}/models` (the choice is printed to stderr).
+    #[arg(long, default_value = "")]
     pub model: String,
     /// Wire protocol.
     #[arg(long, value_enum, default_value = "responses")]
@@ -56,6 +58,17 @@ pub struct Args {
     #[arg(long, env = "SPINDLE_BENCH_API_KEY")]
     #[serde(skip_serializing)]
     pub api_key: Option<String>,
+    /// Extra HTTP header on every request (the WebSocket upgrade and the
+    /// model query too), `NAME:VALUE`; repeatable. Not written to the JSON.
+    #[arg(long = "header", value_name = "NAME:VALUE", value_parser = parse_header)]
+    #[serde(skip)]
+    pub headers: Vec<Header>,
+    /// Open a fresh connection for every request, so TTFT and E2E include
+    /// connecting (and the TLS handshake). Default: one keep-alive pool,
+    /// opened before each level, so they don't.
+    #[arg(long)]
+    #[serde(default)]
+    pub include_connect_time: bool,
     /// Closed-loop concurrency levels (or, with `--rate`, the cap on requests in flight).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub concurrency: Vec<usize>,
@@ -117,6 +130,17 @@ pub struct Args {
     /// Write the JSON results here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write the results in `vllm bench serve --save-result` layout (vLLM's
+    /// key names; times in seconds in the per-request lists, `*_ms` in ms).
+    /// One level: exactly this file; several: one file per level, named
+    /// with `-c{concurrency}` or `-r{rate}` before the extension
+    /// (`out.json` → `out-c4.json`).
+    #[arg(long, value_name = "FILE")]
+    pub save_result: Option<PathBuf>,
+    /// Percentiles written as `p{N}_{metric}_ms` by `--save-result`, e.g. `50,90,99`.
+    #[arg(long, value_delimiter = ',', default_value = "99", value_parser = parse_percentile)]
+    #[serde(default = "default_percentiles")]
+    pub metric_percentiles: Vec<f64>,
     /// Write a self-contained HTML report here.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -142,6 +166,35 @@ impl Args {
     pub fn label(&self) -> String {
         self.label.clone().unwrap_or_else(|| format!("{} @ {}", self.model, self.base_url))
     }
+}
+
+/// One `--header NAME:VALUE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// The header name.
+    pub name: reqwest::header::HeaderName,
+    /// Its value.
+    pub value: reqwest::header::HeaderValue,
+}
+
+/// Parses `NAME:VALUE` (spaces around either are trimmed).
+pub fn parse_header(text: &str) -> Result<Header, String> {
+    let (name, value) = text.split_once(':').ok_or_else(|| format!("`{text}`: expected NAME:VALUE, e.g. X-Tenant:team-a"))?;
+    let name = reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| format!("`{}`: not a valid HTTP header name", name.trim()))?;
+    let value = reqwest::header::HeaderValue::from_str(value.trim()).map_err(|_| format!("`{}`: not a valid HTTP header value", value.trim()))?;
+    Ok(Header { name, value })
+}
+
+/// Parses one `--metric-percentiles` value (0–100).
+pub fn parse_percentile(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("`{text}`: a percentile is a number from 0 to 100")),
+    }
+}
+
+fn default_percentiles() -> Vec<f64> {
+    vec![99.0]
 }
 
 /// Latency objectives; a request counts toward goodput when it meets all set ones.
@@ -201,5 +254,29 @@ mod tests {
         assert!(parse_slo("itl=5ms").is_err());
         assert!(parse_slo("ttft=fast").is_err());
         assert!(parse_slo("ttft=-1ms").is_err());
+    }
+
+    #[test]
+    fn headers_parse_and_malformed_ones_are_refused_at_parsing() {
+        let args = Args::try_parse_from(["b", "--base-url", "http://h/v1", "--header", "X-Tenant: team-a", "--header", "X-Url:http://a:1"]).expect("valid");
+        let pairs: Vec<(&str, &str)> = args.headers.iter().map(|h| (h.name.as_str(), h.value.to_str().unwrap())).collect();
+        assert_eq!(pairs, vec![("x-tenant", "team-a"), ("x-url", "http://a:1")]);
+        let err = Args::try_parse_from(["b", "--base-url", "http://h/v1", "--header", "X-Tenant"]).expect_err("no colon").to_string();
+        assert!(err.contains("expected NAME:VALUE"), "{err}");
+        assert!(Args::try_parse_from(["b", "--base-url", "http://h/v1", "--header", "Bad Name:v"]).is_err());
+    }
+
+    #[test]
+    fn new_flags_default_and_old_json_args_still_load() {
+        let args = Args::try_parse_from(["b", "--base-url", "http://h/v1"]).expect("valid");
+        assert_eq!((args.model.as_str(), args.include_connect_time, args.metric_percentiles.clone()), ("", false, vec![99.0]));
+        assert!(Args::try_parse_from(["b", "--base-url", "http://h/v1", "--metric-percentiles", "50,101"]).is_err());
+        // A version-1 file written before these flags existed.
+        let mut old = serde_json::to_value(&args).unwrap();
+        for key in ["include_connect_time", "save_result", "metric_percentiles"] {
+            old.as_object_mut().unwrap().remove(key);
+        }
+        let back: Args = serde_json::from_value(old).expect("loads");
+        assert_eq!(back.metric_percentiles, vec![99.0]);
     }
 }

@@ -2,7 +2,7 @@
 //! the self-contained HTML report comparing one or more runs.
 
 use super::args::Args;
-use super::plots::{cdf_points, line_chart, Series};
+use super::plots::{cdf_points, line_chart, ChartSpec, Scale, Series, Unit};
 use super::run::LevelResult;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -68,7 +68,8 @@ pub fn table(run: &RunResult) -> String {
     out
 }
 
-/// The HTML report: throughput vs concurrency, TTFT vs rate, latency CDFs, tables.
+/// The HTML report: throughput vs concurrency, TTFT vs rate, latency CDFs
+/// (log-scaled latency axes), tables.
 pub fn html(runs: &[RunResult]) -> Result<String, String> {
     let mut charts = Vec::new();
     let closed: Vec<Series> = runs
@@ -80,7 +81,15 @@ pub fn html(runs: &[RunResult]) -> Result<String, String> {
         .filter(|s| !s.points.is_empty())
         .collect();
     if !closed.is_empty() {
-        charts.push(line_chart("Output throughput vs concurrency", "concurrent requests", "output tok/s", &closed)?);
+        let spec = ChartSpec {
+            title: "Output throughput vs concurrency",
+            x_desc: "concurrent requests",
+            y_desc: "output throughput",
+            x_scale: Scale::Linear,
+            x_unit: Unit::Count,
+            y_unit: Unit::PerSecond("tok"),
+        };
+        charts.push(line_chart(&spec, &closed)?);
     }
     let open: Vec<Series> = runs
         .iter()
@@ -96,7 +105,15 @@ pub fn html(runs: &[RunResult]) -> Result<String, String> {
         .filter(|s| !s.points.is_empty())
         .collect();
     if !open.is_empty() {
-        charts.push(line_chart("TTFT vs request rate", "requests/s", "TTFT ms", &open)?);
+        let spec = ChartSpec {
+            title: "TTFT vs request rate",
+            x_desc: "request rate",
+            y_desc: "TTFT",
+            x_scale: Scale::Linear,
+            x_unit: Unit::PerSecond("req"),
+            y_unit: Unit::Ms,
+        };
+        charts.push(line_chart(&spec, &open)?);
     }
     for (name, pick) in [("TTFT", 0), ("ITL", 1), ("E2E", 2)] {
         let series: Vec<Series> = runs
@@ -115,7 +132,9 @@ pub fn html(runs: &[RunResult]) -> Result<String, String> {
             .filter(|s| !s.points.is_empty())
             .collect();
         if !series.is_empty() {
-            charts.push(line_chart(&format!("{name} CDF"), &format!("{name} ms"), "fraction of requests", &series)?);
+            let (title, x_desc) = (format!("{name} CDF"), format!("{name} (log scale)"));
+            let spec = ChartSpec { title: &title, x_desc: &x_desc, y_desc: "requests at or below", x_scale: Scale::Log, x_unit: Unit::Ms, y_unit: Unit::Fraction };
+            charts.push(line_chart(&spec, &series)?);
         }
     }
     let mut page = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>spindle-bench report</title>");

@@ -69,7 +69,7 @@ pub fn arrivals(n: usize, rate: f64, arrival: Arrival, rng: &mut Rng) -> Vec<f64
         .collect()
 }
 
-/// Runs one level (warm-up first) and aggregates it.
+/// Runs one level (pool and warm-up first) and aggregates it.
 /// `index` numbers the level within the run: each level (and its warm-up)
 /// draws its own prompts, so one level never hits the cache of another's.
 pub async fn run_level(
@@ -80,6 +80,7 @@ pub async fn run_level(
     progress: &indicatif::ProgressBar,
 ) -> Result<LevelResult> {
     let mut prompts = PromptSource::new(args, level_seed(args.seed, index, false))?;
+    client.warm_pool(level.concurrency).await;
     if args.warmup > 0 && args.workload == Workload::Fixed {
         let mut warm_prompts = PromptSource::new(args, level_seed(args.seed, index, true))?;
         let warm: Vec<RequestSpec> = (0..args.warmup).map(|_| fixed_spec(args, &mut warm_prompts)).collect::<Result<_>>()?;
