@@ -24,6 +24,8 @@ pub struct Metrics {
     steps: AtomicU64,
     step_ms: [AtomicU64; STEP_MS_BUCKETS.len()],
     batch_size: [AtomicU64; BATCH_BUCKETS.len()],
+    step_micros_sum: AtomicU64,
+    batch_size_sum: AtomicU64,
     queued: AtomicU64,
 }
 
@@ -54,6 +56,10 @@ pub struct MetricsSnapshot {
     pub step_ms: Vec<u64>,
     /// Batch-size histogram counts, per [`BATCH_BUCKETS`].
     pub batch_size: Vec<u64>,
+    /// Sum of all step times, seconds.
+    pub step_seconds_sum: f64,
+    /// Sum of all batch sizes (sequences over all steps).
+    pub batch_size_sum: u64,
 }
 
 impl Metrics {
@@ -95,6 +101,8 @@ impl Metrics {
         let ms = elapsed.as_secs_f64() * 1e3;
         let i = STEP_MS_BUCKETS.iter().position(|b| ms <= *b).unwrap_or(STEP_MS_BUCKETS.len() - 1);
         self.step_ms[i].fetch_add(1, Relaxed);
+        self.step_micros_sum.fetch_add(elapsed.as_micros() as u64, Relaxed);
+        self.batch_size_sum.fetch_add(batch as u64, Relaxed);
         let j = BATCH_BUCKETS.iter().position(|b| batch as f64 <= *b).unwrap_or(BATCH_BUCKETS.len() - 1);
         self.batch_size[j].fetch_add(1, Relaxed);
     }
@@ -114,6 +122,8 @@ impl Metrics {
             steps: self.steps.load(Relaxed),
             step_ms: self.step_ms.iter().map(|c| c.load(Relaxed)).collect(),
             batch_size: self.batch_size.iter().map(|c| c.load(Relaxed)).collect(),
+            step_seconds_sum: self.step_micros_sum.load(Relaxed) as f64 / 1e6,
+            batch_size_sum: self.batch_size_sum.load(Relaxed),
         }
     }
 }

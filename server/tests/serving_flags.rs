@@ -43,10 +43,22 @@ async fn serving_flags_shape_the_served_model() {
     assert_eq!(status, 200, "{t}");
     let (_, text) = post(&base, "/detokenize", json!({"tokens": t["tokens"]})).await;
     assert_eq!(text["prompt"], "### user: hi\n### assistant:", "{text}");
-    // --max-model-len bounds the prompt.
+    // --max-model-len bounds the prompt …
     let long = "word ".repeat(600);
     let (status, refused) = post(&base, "/v1/responses", json!({"input": long, "max_output_tokens": 16})).await;
     assert_eq!((status, refused["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{refused}");
+    // … and the prompt plus the output: a 300-token prompt gets 212 tokens
+    // of output, not the 400 asked for, and ends incomplete.
+    let prompt = "word ".repeat(300);
+    let (status, t) = post(&base, "/tokenize", json!({"messages": [{"role": "user", "content": prompt}]})).await;
+    assert_eq!(status, 200, "{t}");
+    let body = json!({"input": prompt, "max_output_tokens": 400, "ignore_eos": true, "temperature": 0});
+    let (status, cut) = post(&base, "/v1/responses", body).await;
+    assert_eq!(status, 200, "{cut}");
+    assert_eq!(cut["usage"]["input_tokens"], t["count"], "{}", cut["usage"]);
+    let total = cut["usage"]["total_tokens"].as_u64().unwrap();
+    assert_eq!(total, 512, "prompt plus output fill the 512-token context exactly: {}", cut["usage"]);
+    assert_eq!((cut["status"].as_str(), cut["incomplete_details"]["reason"].as_str()), (Some("incomplete"), Some("max_output_tokens")), "{cut}");
     let (status, unknown) = post(&base, "/v1/responses", json!({"model": "other", "input": "hi"})).await;
     assert_eq!(status, 404, "{unknown}");
     let log = daemon.log_text();

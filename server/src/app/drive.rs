@@ -42,6 +42,8 @@ pub struct Persist {
     pub control: Option<Arc<super::background::Background>>,
     /// The tenant's slot, held until the generation ends.
     pub slot: Option<super::slots::Slot>,
+    /// Attach each answer token's log-probabilities to the text.
+    pub logprobs: bool,
 }
 
 /// Run the generation to its end. With a `sink`, every event is sent as an
@@ -96,7 +98,7 @@ pub async fn drive(
         if let GenerationEvent::Delta { token, .. } = &event {
             generated.push(token.id);
         }
-        let mut inputs = route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut(), tool_calls_on));
+        let mut inputs = route_all(tool_calls.as_mut(), to_mapper_inputs(event, &mut timing, &state, reasoning.as_mut(), OutputShape { calls_parsed: tool_calls_on, logprobs: persist.logprobs }));
         if let Some(s) = summarizer.as_mut() {
             inputs = s.interleave(&state, inputs, deadline, stop_signal(&state, sink.as_ref())).await;
         }
@@ -287,12 +289,32 @@ impl Timing {
     }
 }
 
+/// How the answer's text is shaped on its way to the mapper.
+#[derive(Debug, Clone, Copy)]
+struct OutputShape {
+    /// Text goes through the tool-call parser (marker tokens are kept).
+    calls_parsed: bool,
+    /// Each answer token carries its log-probabilities.
+    logprobs: bool,
+}
+
+/// Attaches a token's log-probabilities to the answer text it produced (the
+/// last text delta; a token of reasoning has none).
+fn with_logprobs(mut inputs: Vec<MapperInput>, entry: crate::protocol::LogProb) -> Vec<MapperInput> {
+    if let Some(last) = inputs.iter_mut().rev().find(|i| matches!(i, MapperInput::TextDelta(_))) {
+        if let MapperInput::TextDelta(text) = last {
+            *last = MapperInput::TextDeltaWithLogprobs { text: std::mem::take(text), logprobs: vec![entry] };
+        }
+    }
+    inputs
+}
+
 fn to_mapper_inputs(
     event: GenerationEvent,
     timing: &mut Timing,
     state: &AppState,
     reasoning: Option<&mut ReasoningSplitter>,
-    calls_parsed: bool,
+    shape: OutputShape,
 ) -> Vec<MapperInput> {
     match event {
         GenerationEvent::Started { cached_tokens } => {
@@ -300,7 +322,8 @@ fn to_mapper_inputs(
             vec![MapperInput::Started { cached_tokens }]
         }
         GenerationEvent::Delta { mut text, token } => {
-            if calls_parsed {
+            let logprobs = shape.logprobs.then(|| super::logprobs::of_token(&state.model.tokenizer, &token));
+            if shape.calls_parsed {
                 for (id, marker) in state.model.call_format.marker_tokens() {
                     // A tag that decodes to its own text ends this delta with it
                     // (text held over may contain the tag's characters, e.g.
@@ -319,10 +342,14 @@ fn to_mapper_inputs(
                 Some(prev) => state.metrics.itl((now - prev).as_secs_f64()),
             }
             timing.last = Some(now);
-            match reasoning {
+            let inputs = match reasoning {
                 Some(r) => r.token(token.id, text),
-                None if text.is_empty() => Vec::new(),
+                None if text.is_empty() && logprobs.is_none() => Vec::new(),
                 None => vec![MapperInput::TextDelta(text)],
+            };
+            match logprobs {
+                Some(entry) => with_logprobs(inputs, entry),
+                None => inputs,
             }
         }
         GenerationEvent::Finished { reason, text, usage } => {

@@ -1,165 +1,186 @@
-//! HTTP-level metrics and the Prometheus text rendering of `/metrics`.
+//! `/metrics`: the HTTP layer's series, the scheduler's, the Model Server
+//! Protocol's under vLLM's names, and device telemetry, exposed in the
+//! OpenMetrics text format by `prometheus-client`.
+//!
+//! The HTTP layer's counters and histograms live for the server's lifetime;
+//! each scrape builds a registry around them and around constant series
+//! read from the scheduler at that moment, then encodes it.
 
-use spindle_scheduler::metrics::{MetricsSnapshot, BATCH_BUCKETS, STEP_MS_BUCKETS};
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use super::gpu_stats::GpuReading;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use spindle_scheduler::metrics::MetricsSnapshot;
+use std::borrow::Cow;
 
-/// Latency histogram bucket bounds in seconds.
-const LATENCY_BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, f64::INFINITY];
+/// The exposition's content type.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// A fixed-bucket histogram.
-#[derive(Debug, Default)]
-struct Histogram {
-    counts: [AtomicU64; LATENCY_BUCKETS.len()],
-    sum_micros: AtomicU64,
+/// Latency histogram bucket bounds in seconds (+Inf is added).
+const LATENCY_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// A request counter's labels: the matched route and the status code.
+type RouteStatus = [(&'static str, String); 2];
+
+/// The request phases' latency histograms, seconds.
+#[derive(Debug, Clone)]
+pub(super) struct Latencies {
+    pub(super) ttft: Histogram,
+    pub(super) itl: Histogram,
+    pub(super) e2e: Histogram,
+    pub(super) queue: Histogram,
+    pub(super) prefill: Histogram,
+    pub(super) decode: Histogram,
 }
 
-impl Histogram {
-    fn observe(&self, seconds: f64) {
-        let i = LATENCY_BUCKETS.iter().position(|b| seconds <= *b).unwrap_or(LATENCY_BUCKETS.len() - 1);
-        self.counts[i].fetch_add(1, Relaxed);
-        self.sum_micros.fetch_add((seconds * 1e6) as u64, Relaxed);
-    }
-
-    /// The histogram's lines; `labels` (e.g. `model_name="m"`) go on every one.
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let (sep, braces) = if labels.is_empty() { ("", String::new()) } else { (",", format!("{{{labels}}}")) };
-        let mut cumulative = 0;
-        for (b, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
-            cumulative += c.load(Relaxed);
-            let le = if b.is_infinite() { "+Inf".to_string() } else { b.to_string() };
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum_micros.load(Relaxed) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count{braces} {cumulative}");
+impl Default for Latencies {
+    fn default() -> Self {
+        let new = || Histogram::new(LATENCY_BUCKETS);
+        Self { ttft: new(), itl: new(), e2e: new(), queue: new(), prefill: new(), decode: new() }
     }
 }
 
-/// Counters the HTTP layer maintains.
+/// Token counters of finished responses.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TokenCounters {
+    pub(super) input: Counter,
+    pub(super) cached: Counter,
+    pub(super) output: Counter,
+}
+
+/// Counters and histograms the HTTP layer maintains.
 #[derive(Debug, Default)]
 pub struct HttpMetrics {
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
-    ttft: Histogram,
-    itl: Histogram,
-    e2e: Histogram,
-    queue: Histogram,
-    prefill: Histogram,
-    decode: Histogram,
-    input_tokens: AtomicU64,
-    cached_tokens: AtomicU64,
-    output_tokens: AtomicU64,
+    requests: Family<RouteStatus, Counter>,
+    latency: Latencies,
+    tokens: TokenCounters,
+}
+
+/// What a scrape reads besides [`HttpMetrics`].
+pub struct Scrape<'a> {
+    /// The scheduler's counters and gauges now.
+    pub sched: &'a MetricsSnapshot,
+    /// The served model's name (the `model_name` label).
+    pub model_name: &'a str,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// The device's telemetry, when there is any.
+    pub gpu: Option<&'a GpuReading>,
 }
 
 impl HttpMetrics {
     /// Count a finished request by route and status.
     pub fn request(&self, route: &str, status: u16) {
-        if let Ok(mut m) = self.requests.lock() {
-            *m.entry((route.to_string(), status)).or_default() += 1;
-        }
+        self.requests.get_or_create(&[("route", route.to_string()), ("status", status.to_string())]).inc();
     }
 
     /// Time to first token, seconds.
     pub fn ttft(&self, seconds: f64) {
-        self.ttft.observe(seconds);
+        self.latency.ttft.observe(seconds);
     }
 
     /// Inter-token latency, seconds.
     pub fn itl(&self, seconds: f64) {
-        self.itl.observe(seconds);
+        self.latency.itl.observe(seconds);
     }
 
     /// The phases of a finished request, seconds: waiting for admission,
     /// prefill (admission to first token), decode (first token to the end),
     /// and end to end.
     pub fn phases(&self, queue: f64, prefill: f64, decode: f64, e2e: f64) {
-        self.queue.observe(queue);
-        self.prefill.observe(prefill);
-        self.decode.observe(decode);
-        self.e2e.observe(e2e);
-    }
-
-    /// The latency histograms under vLLM's names, labelled `labels`.
-    pub fn render_vllm_histograms(&self, out: &mut String, labels: &str) {
-        self.e2e.render(out, "vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels);
-        self.queue.render(out, "vllm:request_queue_time_seconds", "Time waiting for admission.", labels);
-        self.prefill.render(out, "vllm:request_prefill_time_seconds", "Time from admission to the first token.", labels);
-        self.decode.render(out, "vllm:request_decode_time_seconds", "Time from the first token to the last.", labels);
-        self.ttft.render(out, "vllm:time_to_first_token_seconds", "Time to first token.", labels);
-        self.itl.render(out, "vllm:inter_token_latency_seconds", "Time between streamed tokens.", labels);
+        self.latency.queue.observe(queue);
+        self.latency.prefill.observe(prefill);
+        self.latency.decode.observe(decode);
+        self.latency.e2e.observe(e2e);
     }
 
     /// Token counts of a finished response.
     pub fn tokens(&self, input: usize, cached: usize, output: usize) {
-        self.input_tokens.fetch_add(input as u64, Relaxed);
-        self.cached_tokens.fetch_add(cached as u64, Relaxed);
-        self.output_tokens.fetch_add(output as u64, Relaxed);
+        self.tokens.input.inc_by(input as u64);
+        self.tokens.cached.inc_by(cached as u64);
+        self.tokens.output.inc_by(output as u64);
     }
 
-    /// Prompt and generated tokens of finished responses so far.
-    pub fn token_totals(&self) -> (u64, u64) {
-        (self.input_tokens.load(Relaxed), self.output_tokens.load(Relaxed))
-    }
-
-    /// Prometheus text exposition of these and the scheduler's metrics.
-    pub fn render(&self, sched: &MetricsSnapshot) -> String {
+    /// The OpenMetrics text of every series.
+    pub fn exposition(&self, scrape: &Scrape<'_>) -> String {
+        let mut registry = Registry::default();
+        self.register_spindle(&mut registry);
+        super::metrics_sched::register(&mut registry, scrape.sched);
+        let model = registry.sub_registry_with_label((Cow::Borrowed("model_name"), Cow::Owned(label_value(scrape.model_name))));
+        super::metrics_vllm::register(model, &super::metrics_vllm::VllmInputs { latency: &self.latency, tokens: &self.tokens, block_size: scrape.block_size, sched: scrape.sched });
+        if let Some(reading) = scrape.gpu {
+            super::gpu_stats::register(&mut registry, reading);
+        }
         let mut out = String::new();
-        let _ = writeln!(out, "# HELP spindle_requests_total HTTP requests by route and status.\n# TYPE spindle_requests_total counter");
-        if let Ok(m) = self.requests.lock() {
-            for ((route, status), n) in m.iter() {
-                let _ = writeln!(out, "spindle_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
-            }
-        }
-        self.ttft.render(&mut out, "spindle_time_to_first_token_seconds", "Time to first token.", "");
-        self.itl.render(&mut out, "spindle_inter_token_latency_seconds", "Time between streamed tokens.", "");
-        self.e2e.render(&mut out, "spindle_request_duration_seconds", "End-to-end request latency.", "");
-        self.queue.render(&mut out, "spindle_request_queue_seconds", "Time waiting for admission.", "");
-        self.prefill.render(&mut out, "spindle_request_prefill_seconds", "Time from admission to the first token.", "");
-        self.decode.render(&mut out, "spindle_request_decode_seconds", "Time from the first token to the last.", "");
-        for (name, v, help) in [
-            ("spindle_input_tokens_total", &self.input_tokens, "Prompt tokens."),
-            ("spindle_cached_tokens_total", &self.cached_tokens, "Prompt tokens served from the prefix cache."),
-            ("spindle_output_tokens_total", &self.output_tokens, "Generated tokens."),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));
-        }
-        render_scheduler(&mut out, sched);
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &registry);
         out
     }
+
+    fn register_spindle(&self, r: &mut Registry) {
+        r.register("spindle_requests", "HTTP requests by route and status", self.requests.clone());
+        let l = &self.latency;
+        for (name, help, h) in [
+            ("spindle_time_to_first_token", "Time to first token", &l.ttft),
+            ("spindle_inter_token_latency", "Time between streamed tokens", &l.itl),
+            ("spindle_request_duration", "End-to-end request latency", &l.e2e),
+            ("spindle_request_queue", "Time waiting for admission", &l.queue),
+            ("spindle_request_prefill", "Time from admission to the first token", &l.prefill),
+            ("spindle_request_decode", "Time from the first token to the last", &l.decode),
+        ] {
+            r.register_with_unit(name, help, Unit::Seconds, h.clone());
+        }
+        let t = &self.tokens;
+        r.register("spindle_input_tokens", "Prompt tokens", t.input.clone());
+        r.register("spindle_cached_tokens", "Prompt tokens served from the prefix cache", t.cached.clone());
+        r.register("spindle_output_tokens", "Generated tokens", t.output.clone());
+    }
 }
 
-fn render_scheduler(out: &mut String, s: &MetricsSnapshot) {
-    for (name, v, help) in [
-        ("spindle_running_sequences", s.running, "Sequences running."),
-        ("spindle_queue_depth", s.waiting, "Requests waiting for admission."),
-        ("spindle_kv_blocks_used", s.blocks_used, "KV blocks held by sequences."),
-        ("spindle_kv_blocks_free", s.blocks_free, "KV blocks free."),
-        ("spindle_kv_blocks_cached", s.blocks_cached, "KV blocks cached and evictable."),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-    }
-    for (name, v, help) in [
-        ("spindle_prefix_cache_query_tokens_total", s.prefix_query_tokens, "Prompt tokens looked up in the prefix cache."),
-        ("spindle_prefix_cache_hit_tokens_total", s.prefix_hit_tokens, "Prompt tokens found in the prefix cache."),
-        ("spindle_preemptions_total", s.preemptions, "Sequences preempted for KV space."),
-        ("spindle_aborts_total", s.aborts, "Requests aborted."),
-        ("spindle_steps_total", s.steps, "Scheduler steps."),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-    }
-    bucket_lines(out, "spindle_step_duration_ms", &STEP_MS_BUCKETS, &s.step_ms);
-    bucket_lines(out, "spindle_batch_size", &BATCH_BUCKETS, &s.batch_size);
+/// `value` escaped for a label (`prometheus-client` writes label values as
+/// they are): backslash, double quote and line feed.
+pub fn label_value(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-fn bucket_lines(out: &mut String, name: &str, bounds: &[f64], counts: &[u64]) {
-    let _ = writeln!(out, "# TYPE {name} histogram");
-    let mut cumulative = 0;
-    for (b, c) in bounds.iter().zip(counts) {
-        cumulative += c;
-        let le = if b.is_infinite() { "+Inf".to_string() } else { b.to_string() };
-        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape_text(m: &HttpMetrics, sched: &MetricsSnapshot) -> String {
+        m.exposition(&Scrape { sched, model_name: "m", block_size: 16, gpu: None })
     }
-    let _ = writeln!(out, "{name}_count {cumulative}");
+
+    #[test]
+    fn requests_count_by_route_and_status() {
+        let m = HttpMetrics::default();
+        m.request("/v1/responses", 200);
+        m.request("/v1/responses", 200);
+        m.request("/v1/responses", 400);
+        let out = scrape_text(&m, &MetricsSnapshot::default());
+        assert!(out.contains("# TYPE spindle_requests counter\n"), "{out}");
+        assert!(out.contains("spindle_requests_total{route=\"/v1/responses\",status=\"200\"} 2\n"), "{out}");
+        assert!(out.contains("spindle_requests_total{route=\"/v1/responses\",status=\"400\"} 1\n"), "{out}");
+        assert!(out.ends_with("# EOF\n"), "an OpenMetrics exposition ends with EOF: {out}");
+    }
+
+    #[test]
+    fn latencies_are_seconds_histograms_with_sum_and_count() {
+        let m = HttpMetrics::default();
+        m.ttft(0.02);
+        m.ttft(3.0);
+        let out = scrape_text(&m, &MetricsSnapshot::default());
+        assert!(out.contains("# TYPE spindle_time_to_first_token_seconds histogram\n# UNIT spindle_time_to_first_token_seconds seconds\n"), "{out}");
+        assert!(out.contains("spindle_time_to_first_token_seconds_sum 3.02\n"), "{out}");
+        assert!(out.contains("spindle_time_to_first_token_seconds_count 2\n"), "{out}");
+        assert!(out.contains("spindle_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"), "{out}");
+        assert!(out.contains("spindle_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n"), "{out}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
 }

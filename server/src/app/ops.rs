@@ -33,23 +33,11 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// GET /metrics: Prometheus text format.
+/// GET /metrics: the OpenMetrics text format (Prometheus scrapes it).
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let sched = state.scheduler.metrics().snapshot();
-    let mut body = state.metrics.render(&sched);
-    let (prompt_tokens, generation_tokens) = state.metrics.token_totals();
-    let inputs = super::metrics_vllm::VllmInputs {
-        http: &state.metrics,
-        model_name: &state.model.name,
-        block_size: state.scheduler.limits().block_size,
-        sched: &sched,
-        prompt_tokens,
-        generation_tokens,
-    };
-    super::metrics_vllm::render(&mut body, &inputs);
     // NVML calls block (a wedged GPU may hang them): off the async threads.
-    if let Ok(Some(reading)) = tokio::task::spawn_blocking(super::gpu_stats::read).await {
-        super::gpu_stats::render(&mut body, &reading);
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+    let gpu = tokio::task::spawn_blocking(super::gpu_stats::read).await.ok().flatten();
+    let sched = state.scheduler.metrics().snapshot();
+    let scrape = super::metrics::Scrape { sched: &sched, model_name: &state.model.name, block_size: state.scheduler.limits().block_size, gpu: gpu.as_ref() };
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], state.metrics.exposition(&scrape))
 }

@@ -110,7 +110,7 @@ pub async fn start_valid(state: &Arc<AppState>, req: ValidRequest, prompt: TurnP
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
     let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt,
         summary: req.reasoning.and_then(|r| r.summary), cache_salt: tenant.cache_salt(req.prompt_cache_key.as_deref()),
-        tenant: tenant.clone(), control: None, slot: Some(slot) };
+        tenant: tenant.clone(), control: None, slot: Some(slot), logprobs: req.wants_logprobs() };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
 }
 

@@ -207,9 +207,12 @@ pub fn submit(state: &AppState, req: &ValidRequest, prompt: Vec<u32>, tenant: &T
         frequency_penalty: s.frequency_penalty.unwrap_or(0.0) as f32,
         seed: s.seed,
         top_logprobs: s.top_logprobs.unwrap_or(0) as usize,
-        logprobs: s.top_logprobs.is_some(),
+        logprobs: req.wants_logprobs(),
     };
-    let max_tokens = req.max_output_tokens.map_or(state.limits.default_output_tokens, |m| m as usize);
+    // The whole sequence, prompt and output, stays within the served context
+    // length (`--max-model-len`); `prepare` left room for one token at least.
+    let room = state.model.context_length.saturating_sub(prompt.len()).max(1);
+    let max_tokens = req.max_output_tokens.map_or(state.limits.default_output_tokens, |m| m as usize).min(room);
     let constraint = state.model.constraint_for(req, &prompt)?;
     let request = GenerationRequest {
         prompt,

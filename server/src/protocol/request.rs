@@ -130,6 +130,12 @@ impl ValidRequest {
     pub fn includes(&self, entry: Include) -> bool {
         self.include.contains(&entry)
     }
+
+    /// Whether the answer's tokens carry log-probabilities: `top_logprobs`
+    /// given, or `include` asks for `message.output_text.logprobs`.
+    pub fn wants_logprobs(&self) -> bool {
+        self.sampling.top_logprobs.is_some() || self.includes(Include::MessageOutputTextLogprobs)
+    }
 }
 
 /// Validates a create-response body against `limits`.

@@ -70,8 +70,29 @@ pub async fn start_model_with<E: spindle_engine::runner::Executor + 'static>(
     wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
     executor: impl FnOnce(spindle_engine::model::LlamaModel) -> E,
 ) -> Server {
+    start_scheduled(path, name, keys, limits, wrap, SchedulerConfig::default(), executor).await
+}
+
+/// [`start`] with the scheduler configured by `config` (e.g. one running
+/// sequence at a time, so that others queue).
+pub async fn start_with_scheduler(limits: Limits, config: SchedulerConfig) -> Server {
+    let path = spindle_testenv::smollm2_gguf();
+    let executor = |model| ModelRunner::new(model, 256, 16);
+    start_scheduled(&path.to_string_lossy(), "smollm2-135m-instruct", vec![], limits, |s| Arc::new(s), config, executor).await
+}
+
+/// The whole of [`start_model_with`], with a scheduler configuration.
+#[allow(clippy::too_many_arguments)]
+async fn start_scheduled<E: spindle_engine::runner::Executor + 'static>(
+    path: &str,
+    name: &str,
+    keys: Vec<String>,
+    limits: Limits,
+    wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
+    config: SchedulerConfig,
+    executor: impl FnOnce(spindle_engine::model::LlamaModel) -> E,
+) -> Server {
     let m = load_model(path, &mut |_, _| {}).expect("model");
-    let config = SchedulerConfig::default();
     let context_length = m.model.config().context_length;
     let vocab_size = m.model.config().vocab_size;
     let scheduler = SchedulerHandle::spawn(config, executor(m.model), m.tokenizer.clone());
