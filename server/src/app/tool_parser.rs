@@ -13,7 +13,11 @@
 //!   [`ToolCallParser::mistral`];
 //! - Llama 3 style: the output *starting* with a bare JSON object
 //!   `{"name": "f", "parameters": {...}}` (or `"arguments"`); such an
-//!   answer is held back until its first object closes.
+//!   answer is held back until its first object closes;
+//! - Qwen2.5-Coder style, for a response's tools ([`ToolCallParser::for_response`]):
+//!   an answer that is exactly one JSON call object in a code fence
+//!   (```` ```json … ``` ````) whose arguments fit the tool's schema
+//!   ([`fenced`]); a fenced answer is held back until that is decided.
 //!
 //! A call is accepted only when `name` is one of the request's tools;
 //! anything else (malformed JSON, an unknown name, an unterminated block) is
@@ -32,6 +36,9 @@
 //! spellings are parsed whole and their arguments reported as compact JSON in
 //! one delta.
 
+mod fenced;
+
+use fenced::Fenced;
 use super::tool_stream::{match_head, ArgScanner, Head};
 use super::constrain::{CallFormat, MISTRAL_MARKER};
 use super::tools::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
@@ -58,6 +65,9 @@ enum Mode {
     AfterArgs,
     /// After Mistral's `[TOOL_CALLS]`: expecting the list's `[`.
     ListOpen,
+    /// The output began with a code fence: holding it back while it may be
+    /// one fenced JSON call ([`fenced`]).
+    Fenced,
 }
 
 /// Result of scanning for the end of a JSON object.
@@ -96,6 +106,9 @@ pub struct ToolCallParser {
     /// The open call follows a `,` in a list: a malformed one re-emits only
     /// the separator (the tag was not written there).
     list_next: bool,
+    /// Each tool's parameter schema; when set, an answer that is exactly one
+    /// fenced JSON object calling a tool with fitting arguments is a call.
+    schemas: Option<Vec<(String, Option<Value>)>>,
 }
 
 impl ToolCallParser {
@@ -120,7 +133,16 @@ impl ToolCallParser {
             list: false,
             held_after: String::new(),
             list_next: false,
+            schemas: None,
         }
+    }
+
+    /// Also reads an answer that is exactly one fenced JSON object naming
+    /// one of these tools (name, parameter schema) with arguments that fit
+    /// its schema as a call.
+    pub fn with_fenced_calls(mut self, schemas: Vec<(String, Option<Value>)>) -> Self {
+        self.schemas = Some(schemas);
+        self
     }
 
     /// Reads Mistral's `[TOOL_CALLS] [call, …]` lists instead of `<tool_call>` blocks.
@@ -150,7 +172,9 @@ impl ToolCallParser {
         if response.tools.is_empty() || no_calls || response.max_tool_calls == Some(0) {
             return None;
         }
-        let parser = Self::new(response.tools.iter().map(|t| t.name.clone()), response.parallel_tool_calls, response.max_tool_calls);
+        let schemas = response.tools.iter().map(|t| (t.name.clone(), t.parameters.clone())).collect();
+        let parser = Self::new(response.tools.iter().map(|t| t.name.clone()), response.parallel_tool_calls, response.max_tool_calls)
+            .with_fenced_calls(schemas);
         Some(if matches!(format, CallFormat::Mistral(_)) { parser.mistral() } else { parser })
     }
 
@@ -199,6 +223,7 @@ impl ToolCallParser {
                 Mode::Args => self.step_args(end, out),
                 Mode::AfterArgs => self.step_after_args(end),
                 Mode::ListOpen => self.step_list_open(end, out),
+                Mode::Fenced => self.step_fenced(end, out),
             };
             if !again {
                 return;
@@ -211,12 +236,54 @@ impl ToolCallParser {
         if trimmed.is_empty() && !end {
             return false;
         }
+        let fences = self.schemas.is_some();
+        if fences && !end && fenced::could_open(&self.buf) {
+            return false;
+        }
         self.mode = if trimmed.starts_with('{') {
             Mode::Bare
+        } else if fences && fenced::opens(&self.buf) {
+            Mode::Fenced
         } else {
             Mode::Text
         };
         true
+    }
+
+    /// Holds a fenced answer back until it is one JSON call (at the end of
+    /// the output) or cannot be one (then it is text).
+    fn step_fenced(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
+        match fenced::match_fenced(&self.buf, end) {
+            Fenced::Undecided { object: None } => false,
+            Fenced::Undecided { object: Some(object) } => {
+                if self.fenced_call(&self.buf[object]).is_some() {
+                    return false;
+                }
+                self.mode = Mode::Text;
+                true
+            }
+            Fenced::Call { object } => {
+                if let Some((name, arguments)) = self.fenced_call(&self.buf[object]) {
+                    self.buf.clear();
+                    self.accept(name, arguments, out);
+                }
+                self.mode = Mode::Text;
+                true
+            }
+            Fenced::NotACall => {
+                self.mode = Mode::Text;
+                true
+            }
+        }
+    }
+
+    /// `(name, arguments)` when `json` calls a tool with arguments that fit
+    /// its schema.
+    fn fenced_call(&self, json: &str) -> Option<(String, String)> {
+        let (name, arguments) = self.parse_call(json)?;
+        let schemas = self.schemas.as_ref()?;
+        let (_, schema) = schemas.iter().find(|(n, _)| *n == name)?;
+        fenced::arguments_fit(schema.as_ref(), &arguments).then_some((name, arguments))
     }
 
     fn step_text(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {

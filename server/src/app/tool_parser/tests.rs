@@ -252,3 +252,35 @@ fn mistral_lists_are_calls_and_a_stray_marker_stays_text() {
     let one = || ToolCallParser::new(["get_weather", "get_time"], false, None).mistral();
     check(one, two, &["get_weather({\"city\": \"Paris\"})"]);
 }
+
+/// A parser that also reads fenced calls, `get_weather` needing a string `city`.
+fn fenced_parser() -> ToolCallParser {
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false});
+    parser().with_fenced_calls(vec![("get_weather".into(), Some(weather)), ("get_time".into(), None)])
+}
+
+#[test]
+fn an_answer_that_is_one_fenced_call_with_fitting_arguments_is_a_call() {
+    let fenced = "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```";
+    check(fenced_parser, fenced, &["get_weather({\"city\":\"Paris\"})"]);
+    check(fenced_parser, &format!("\n{fenced}\n"), &["get_weather({\"city\":\"Paris\"})"]);
+    check(fenced_parser, "```\n{\"name\": \"get_time\", \"arguments\": {}}\n```", &["get_time({})"]);
+    // Without schemas (a parser not made for a response's tools) it is text.
+    check(parser, fenced, &[fenced]);
+}
+
+#[test]
+fn fenced_answers_that_are_not_certain_calls_stay_text() {
+    for text in [
+        // Arguments that do not fit the schema, an unknown tool, more text.
+        "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 7}}\n```",
+        "```json\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}\n```",
+        "```json\n{\"name\": \"send_mail\", \"arguments\": {}}\n```",
+        "```json\n{\"name\": \"get_time\", \"arguments\": {}}\n```\nThat calls the tool.",
+        "```python\nprint('hi')\n```",
+        "``not a fence",
+        "`x`",
+    ] {
+        check(fenced_parser, text, &[text]);
+    }
+}
