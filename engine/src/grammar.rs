@@ -92,6 +92,12 @@ impl GrammarCompiler {
         Ok(Self { factory: Arc::new(factory), eos, cache: Arc::default() })
     }
 
+    /// The exact bytes token `id` stands for (a special token's text; empty
+    /// for an id outside the vocabulary).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.factory.tok_env().tok_trie().decode_ext(&[id], true)
+    }
+
     /// Compiles a Lark grammar (llguidance's dialect) into a fresh
     /// constraint; the same source compiles once while it stays among the
     /// last 64 cached.

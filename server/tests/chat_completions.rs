@@ -111,6 +111,16 @@ async fn logprobs_come_back_in_openai_shapes() {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     let streamed_entries: Vec<Value> = chunks.iter().flat_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default()).collect();
     assert_eq!(&streamed_entries, entries, "streamed logprobs differ from the plain response's");
+    // With tools (the tool-call parser reads the text), a text answer keeps its entries.
+    let mut with_tools = body.clone();
+    with_tools["tools"] = json!([{"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}]);
+    let (status, t) = post(&s, "/v1/chat/completions", with_tools).await;
+    assert_eq!(status, 200, "{t}");
+    let content = t["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+    let tool_entries = t["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let joined: String = tool_entries.iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert!(!content.is_empty() && joined.trim() == content.trim(), "{t}");
     // The Responses API gives the same entries when `include` asks for them.
     let body = json!({"model": MODEL, "input": conversation(), "max_output_tokens": 16, "temperature": 0, "store": false,
         "include": ["message.output_text.logprobs"], "top_logprobs": 3});

@@ -27,14 +27,20 @@ async fn scrape(s: &common::Server) -> String {
 async fn msp_metrics_have_vllm_names_types_and_follow_the_load() {
     let s = common::start(vec![], Limits::default()).await;
     let idle = scrape(&s).await;
-    // OpenMetrics: a counter's family is named without `_total`, its sample with it.
+    // The Prometheus text format by default (what vLLM serves and gateways parse).
     for (name, kind) in [("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"), ("vllm:kv_cache_usage_perc", "gauge"),
-        ("vllm:gpu_cache_usage_perc", "gauge"), ("vllm:cache_config", "info"), ("vllm:prompt_tokens", "counter"),
-        ("vllm:generation_tokens", "counter"), ("vllm:prefix_cache_queries", "counter"), ("vllm:prefix_cache_hits", "counter")]
+        ("vllm:gpu_cache_usage_perc", "gauge"), ("vllm:cache_config_info", "gauge"), ("vllm:prompt_tokens_total", "counter"),
+        ("vllm:generation_tokens_total", "counter"), ("vllm:prefix_cache_queries_total", "counter"), ("vllm:prefix_cache_hits_total", "counter")]
     {
         assert!(idle.contains(&format!("# TYPE {name} {kind}\n")), "{name} {kind}:\n{idle}");
     }
-    assert!(idle.ends_with("# EOF\n"), "{idle}");
+    assert!(!idle.contains("# EOF"), "{idle}");
+    // OpenMetrics when asked: a counter's family is named without `_total`.
+    let r = common::http().get(format!("{}/metrics", s.base)).header("accept", "application/openmetrics-text; version=1.0.0").send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "application/openmetrics-text; version=1.0.0; charset=utf-8");
+    let open = r.text().await.unwrap();
+    assert!(open.contains("# TYPE vllm:prompt_tokens counter\n") && open.contains("# TYPE vllm:cache_config info\n"), "{open}");
+    assert!(open.ends_with("# EOF\n"), "{open}");
     assert!(idle.contains("vllm:cache_config_info{model_name=\"smollm2-135m-instruct\",block_size=\"16\",num_gpu_blocks=\"256\"} 1"), "{idle}");
     assert_eq!((value(&idle, "vllm:num_requests_running"), value(&idle, "vllm:kv_cache_usage_perc")), (0.0, 0.0));
     // One finished request: each phase histogram counts it once.

@@ -298,13 +298,19 @@ struct OutputShape {
     logprobs: bool,
 }
 
-/// Attaches a token's log-probabilities to the answer text it produced (the
-/// last text delta; a token of reasoning has none).
+/// Attaches an answer token's log-probabilities to the text it produced (the
+/// last text delta), or sends them alone when its text is held back.
 fn with_logprobs(mut inputs: Vec<MapperInput>, entry: crate::protocol::LogProb) -> Vec<MapperInput> {
-    if let Some(last) = inputs.iter_mut().rev().find(|i| matches!(i, MapperInput::TextDelta(_))) {
-        if let MapperInput::TextDelta(text) = last {
-            *last = MapperInput::TextDeltaWithLogprobs { text: std::mem::take(text), logprobs: vec![entry] };
+    let logprobs = vec![entry];
+    match inputs.iter_mut().rev().find(|i| matches!(i, MapperInput::TextDelta(_))) {
+        Some(slot) => {
+            let text = match std::mem::replace(slot, MapperInput::TextDelta(String::new())) {
+                MapperInput::TextDelta(text) => text,
+                _ => String::new(),
+            };
+            *slot = MapperInput::TextDeltaWithLogprobs { text, logprobs };
         }
+        None => inputs.push(MapperInput::TextDeltaWithLogprobs { text: String::new(), logprobs }),
     }
     inputs
 }
@@ -322,7 +328,7 @@ fn to_mapper_inputs(
             vec![MapperInput::Started { cached_tokens }]
         }
         GenerationEvent::Delta { mut text, token } => {
-            let logprobs = shape.logprobs.then(|| super::logprobs::of_token(&state.model.tokenizer, &token));
+            let logprobs = shape.logprobs.then(|| super::logprobs::of_token(&state.model, &token));
             if shape.calls_parsed {
                 for (id, marker) in state.model.call_format.marker_tokens() {
                     // A tag that decodes to its own text ends this delta with it
@@ -342,14 +348,19 @@ fn to_mapper_inputs(
                 Some(prev) => state.metrics.itl((now - prev).as_secs_f64()),
             }
             timing.last = Some(now);
-            let inputs = match reasoning {
-                Some(r) => r.token(token.id, text),
-                None if text.is_empty() && logprobs.is_none() => Vec::new(),
-                None => vec![MapperInput::TextDelta(text)],
+            // Whether this token belongs to the answer (not the reasoning).
+            let (inputs, answer_token) = match reasoning {
+                Some(r) => {
+                    let was_thinking = r.thinking();
+                    let inputs = r.token(token.id, text);
+                    (inputs, !was_thinking && r.answering())
+                }
+                None if text.is_empty() => (Vec::new(), true),
+                None => (vec![MapperInput::TextDelta(text)], true),
             };
             match logprobs {
-                Some(entry) => with_logprobs(inputs, entry),
-                None => inputs,
+                Some(entry) if answer_token => with_logprobs(inputs, entry),
+                _ => inputs,
             }
         }
         GenerationEvent::Finished { reason, text, usage } => {
@@ -428,5 +439,24 @@ fn stored_record(response: &Value, persist: &Persist) -> StoredResponse {
         response: response.clone(),
         input_items: persist.input_items.clone(),
         tenant: persist.tenant.as_str().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(token: &str) -> crate::protocol::LogProb {
+        crate::protocol::LogProb { token: token.into(), logprob: -1.0, bytes: token.as_bytes().to_vec(), top_logprobs: Vec::new() }
+    }
+
+    #[test]
+    fn an_answer_token_keeps_its_entry_with_its_text_or_alone() {
+        let with_text = with_logprobs(vec![MapperInput::ReasoningDelta("r".into()), MapperInput::TextDelta("Hi".into())], entry("Hi"));
+        assert_eq!(with_text, vec![MapperInput::ReasoningDelta("r".into()), MapperInput::TextDeltaWithLogprobs { text: "Hi".into(), logprobs: vec![entry("Hi")] }]);
+        // A token whose text is held back (a partial character, a possible
+        // stop string) still counts: its entry goes out with no text.
+        let held = with_logprobs(Vec::new(), entry("\u{fffd}"));
+        assert_eq!(held, vec![MapperInput::TextDeltaWithLogprobs { text: String::new(), logprobs: vec![entry("\u{fffd}")] }]);
     }
 }

@@ -27,11 +27,17 @@ type RouteStatus = [(&'static str, String); 2];
 /// The request phases' latency histograms, seconds.
 #[derive(Debug, Clone)]
 pub(super) struct Latencies {
+    /// Time to first token.
     pub(super) ttft: Histogram,
+    /// Time between streamed tokens.
     pub(super) itl: Histogram,
+    /// End to end.
     pub(super) e2e: Histogram,
+    /// Waiting for admission.
     pub(super) queue: Histogram,
+    /// Admission to the first token.
     pub(super) prefill: Histogram,
+    /// The first token to the last.
     pub(super) decode: Histogram,
 }
 
@@ -45,8 +51,11 @@ impl Default for Latencies {
 /// Token counters of finished responses.
 #[derive(Debug, Clone, Default)]
 pub(super) struct TokenCounters {
+    /// Prompt tokens.
     pub(super) input: Counter,
+    /// Prompt tokens served from the prefix cache.
     pub(super) cached: Counter,
+    /// Generated tokens.
     pub(super) output: Counter,
 }
 

@@ -25,9 +25,14 @@ pub(super) struct VllmInputs<'a> {
     pub(super) sched: &'a MetricsSnapshot,
 }
 
+/// All KV blocks: used, free and cached.
+fn kv_blocks(s: &MetricsSnapshot) -> u64 {
+    s.blocks_used + s.blocks_free + s.blocks_cached
+}
+
 /// KV blocks in use by sequences over all blocks (0 when there are none).
 pub fn kv_usage(s: &MetricsSnapshot) -> f64 {
-    let total = s.blocks_used + s.blocks_free + s.blocks_cached;
+    let total = kv_blocks(s);
     if total == 0 {
         0.0
     } else {
@@ -43,8 +48,7 @@ pub(super) fn register(r: &mut Registry, m: &VllmInputs<'_>) {
     let usage = kv_usage(s);
     r.register("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means every block is in use", ConstGauge::new(usage));
     r.register("vllm:gpu_cache_usage_perc", "KV-cache usage (the older name): 1 means every block is in use", ConstGauge::new(usage));
-    let blocks = s.blocks_used + s.blocks_free + s.blocks_cached;
-    let config = vec![("block_size", m.block_size.to_string()), ("num_gpu_blocks", blocks.to_string())];
+    let config = vec![("block_size", m.block_size.to_string()), ("num_gpu_blocks", kv_blocks(s).to_string())];
     r.register("vllm:cache_config", "The KV cache's configuration", Info::new(config));
     r.register("vllm:prompt_tokens", "Prompt tokens processed", m.tokens.input.clone());
     r.register("vllm:generation_tokens", "Tokens generated", m.tokens.output.clone());

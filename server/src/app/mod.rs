@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod logprobs;
 pub mod metrics;
 mod metrics_sched;
+pub mod metrics_text;
 pub mod metrics_vllm;
 pub mod ops;
 pub mod reasoning;

@@ -33,11 +33,18 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// GET /metrics: the OpenMetrics text format (Prometheus scrapes it).
-pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+/// GET /metrics: the OpenMetrics text format when `Accept` asks for it (as
+/// Prometheus does), else the Prometheus 0.0.4 text format.
+pub async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> impl IntoResponse {
     // NVML calls block (a wedged GPU may hang them): off the async threads.
     let gpu = tokio::task::spawn_blocking(super::gpu_stats::read).await.ok().flatten();
     let sched = state.scheduler.metrics().snapshot();
     let scrape = super::metrics::Scrape { sched: &sched, model_name: &state.model.name, block_size: state.scheduler.limits().block_size, gpu: gpu.as_ref() };
-    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], state.metrics.exposition(&scrape))
+    let openmetrics = state.metrics.exposition(&scrape);
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if super::metrics_text::wants_openmetrics(accept) {
+        ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], openmetrics)
+    } else {
+        ([(header::CONTENT_TYPE, super::metrics_text::CONTENT_TYPE)], super::metrics_text::from_openmetrics(&openmetrics))
+    }
 }

@@ -60,6 +60,16 @@ impl ReasoningSplitter {
         Self { tags, phase: if starts_inside { Phase::Thinking } else { Phase::Undecided }, reasoning_tokens: 0 }
     }
 
+    /// Whether the output is inside the reasoning.
+    pub fn thinking(&self) -> bool {
+        self.phase == Phase::Thinking
+    }
+
+    /// Whether the output has reached the answer.
+    pub fn answering(&self) -> bool {
+        matches!(self.phase, Phase::Answer { .. })
+    }
+
     /// Tokens generated inside the reasoning, both tags included.
     pub fn reasoning_tokens(&self) -> usize {
         self.reasoning_tokens

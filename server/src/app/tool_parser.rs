@@ -43,7 +43,7 @@ use super::tool_stream::{match_head, ArgScanner, Head};
 use super::constrain::{CallFormat, MISTRAL_MARKER};
 use super::tools::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use crate::protocol::mapper::{new_call_id, MapperInput};
-use crate::protocol::{ResponseObject, ToolChoice, ToolChoiceMode};
+use crate::protocol::{LogProb, ResponseObject, ToolChoice, ToolChoiceMode};
 use serde_json::Value;
 
 /// Where the parser is.
@@ -109,6 +109,9 @@ pub struct ToolCallParser {
     /// Each tool's parameter schema; when set, an answer that is exactly one
     /// fenced JSON object calling a tool with fitting arguments is a call.
     schemas: Option<Vec<(String, Option<Value>)>>,
+    /// Log-probabilities of tokens whose text is not emitted yet: they go
+    /// with the next text emitted, or are dropped when the text is a call.
+    logprobs: Vec<LogProb>,
 }
 
 impl ToolCallParser {
@@ -134,6 +137,7 @@ impl ToolCallParser {
             held_after: String::new(),
             list_next: false,
             schemas: None,
+            logprobs: Vec::new(),
         }
     }
 
@@ -195,10 +199,13 @@ impl ToolCallParser {
 
     /// Passes `input` through the parser: text is parsed, the end flushes
     /// the parser before [`MapperInput::Finished`], the rest passes as is.
-    /// (Log-probabilities of parsed text are not kept.)
+    /// (Log-probabilities go with the text their tokens end up in; those of
+    /// a call's tokens are dropped.)
     pub fn route(&mut self, input: MapperInput) -> Vec<MapperInput> {
         match input {
-            MapperInput::TextDelta(text) | MapperInput::TextDeltaWithLogprobs { text, .. } => {
+            MapperInput::TextDelta(text) => self.push(&text),
+            MapperInput::TextDeltaWithLogprobs { text, logprobs } => {
+                self.logprobs.extend(logprobs);
                 self.push(&text)
             }
             finished @ MapperInput::Finished { .. } => {
@@ -436,6 +443,7 @@ impl ToolCallParser {
 
     /// A streamed call's head is complete: report the call (within the cap).
     fn start_streamed(&mut self, name: String, out: &mut Vec<MapperInput>) {
+        self.logprobs.clear();
         self.emitting = self.calls < self.limit;
         if self.emitting {
             out.push(MapperInput::FunctionCallStarted { call_id: new_call_id(), name });
@@ -452,6 +460,7 @@ impl ToolCallParser {
     fn step_args(&mut self, end: bool, out: &mut Vec<MapperInput>) -> bool {
         let (n, closed) = self.args.feed(&self.buf);
         let delta: String = self.buf.drain(..n).collect();
+        self.logprobs.clear();
         if self.emitting && !delta.is_empty() {
             out.push(MapperInput::FunctionCallArgumentsDelta(delta));
         }
@@ -495,13 +504,17 @@ impl ToolCallParser {
             text
         };
         if !text.is_empty() {
-            out.push(MapperInput::TextDelta(text.to_owned()));
+            out.push(match std::mem::take(&mut self.logprobs) {
+                lp if lp.is_empty() => MapperInput::TextDelta(text.to_owned()),
+                logprobs => MapperInput::TextDeltaWithLogprobs { text: text.to_owned(), logprobs },
+            });
             self.after_call = false;
         }
     }
 
     /// Reports a parsed call unless the cap is reached.
     fn accept(&mut self, name: String, arguments: String, out: &mut Vec<MapperInput>) {
+        self.logprobs.clear();
         if self.calls < self.limit {
             out.push(MapperInput::FunctionCallStarted {
                 call_id: new_call_id(),

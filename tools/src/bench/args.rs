@@ -63,9 +63,10 @@ pub struct Args {
     #[arg(long = "header", value_name = "NAME:VALUE", value_parser = parse_header)]
     #[serde(skip)]
     pub headers: Vec<Header>,
-    /// Open a fresh connection for every request, so TTFT and E2E include
-    /// connecting (and the TLS handshake). Default: one keep-alive pool,
-    /// opened before each level, so they don't.
+    /// Open a fresh connection for every HTTP request, so TTFT and E2E
+    /// include connecting (and the TLS handshake); over WebSocket, where each
+    /// client keeps its connection, its first request pays the handshake.
+    /// Default: one keep-alive pool, opened before each level, so they don't.
     #[arg(long)]
     #[serde(default)]
     pub include_connect_time: bool,

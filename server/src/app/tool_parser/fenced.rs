@@ -66,7 +66,7 @@ pub fn match_fenced(text: &str, end: bool) -> Fenced {
     if object_text.is_empty() {
         return undecided(None);
     }
-    if !object_text.starts_with('{') {
+    if !object_text.starts_with('{') || !may_be_call_object(object_text) {
         return Fenced::NotACall;
     }
     let Scan::Complete(len) = scan_object(object_text) else {
@@ -85,6 +85,23 @@ pub fn match_fenced(text: &str, end: bool) -> Fenced {
         Some(_) => Fenced::NotACall,
         None if FENCE.starts_with(rest) => undecided(Some(object)),
         None => Fenced::NotACall,
+    }
+}
+
+/// The keys a call object has; its first key must be one of them.
+const CALL_KEYS: [&str; 3] = ["name", "arguments", "parameters"];
+
+/// Whether `object` (an object's text, perhaps unfinished) may still be a
+/// call: its first key, as far as written, is one of [`CALL_KEYS`]. Code
+/// or data in a fence is told apart at its first key, not at its end.
+fn may_be_call_object(object: &str) -> bool {
+    let inside = object[1..].trim_start();
+    let Some(key) = inside.strip_prefix('"') else {
+        return inside.is_empty();
+    };
+    match key.find('"') {
+        Some(close) => CALL_KEYS.contains(&&key[..close]),
+        None => CALL_KEYS.iter().any(|k| k.starts_with(key)),
     }
 }
 
@@ -118,8 +135,8 @@ mod tests {
     fn a_whole_fenced_object_is_a_call_only_at_the_end() {
         assert_eq!(object_of(CALL), Some("{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}"));
         assert_eq!(object_of(&format!("\n  {CALL}\n")), object_of(CALL), "whitespace around the fence");
-        assert_eq!(object_of("```\n{\"a\": 1}\n```"), Some("{\"a\": 1}"), "no language");
-        assert_eq!(object_of("```JSON\n{\"a\": 1}```"), Some("{\"a\": 1}"));
+        assert_eq!(object_of("```\n{\"name\": \"f\"}\n```"), Some("{\"name\": \"f\"}"), "no language");
+        assert_eq!(object_of("```JSON\n{\"name\": \"f\"}```"), Some("{\"name\": \"f\"}"));
         let Fenced::Undecided { object: Some(_) } = match_fenced(CALL, false) else {
             panic!("before the end more text may follow");
         };
@@ -139,15 +156,23 @@ mod tests {
         for text in [
             "```python\nprint(1)\n```",
             "```json\n[1, 2]\n```",
-            "```json\n{\"a\": 1}\n```\nThat is the call.",
-            "```json\n{\"a\": 1} and more\n```",
-            "```json\n{\"a\": 1}\n```\n```json\n{\"b\": 2}\n```",
-            "Here: ```json\n{\"a\": 1}\n```",
+            "```json\n{\"name\": \"f\"}\n```\nThat is the call.",
+            "```json\n{\"name\": \"f\"} and more\n```",
+            "```json\n{\"name\": \"f\"}\n```\n```json\n{\"name\": \"g\"}\n```",
+            "Here: ```json\n{\"name\": \"f\"}\n```",
         ] {
             assert!(object_of(text).is_none(), "{text:?}");
         }
         assert_eq!(match_fenced("```py", false), Fenced::NotACall, "a language other than json is known at once");
-        assert_eq!(match_fenced("```json\n{\"a\": 1}\n``` x", false), Fenced::NotACall);
+        assert_eq!(match_fenced("```json\n{\"name\": \"f\"}\n``` x", false), Fenced::NotACall);
+    }
+
+    #[test]
+    fn an_object_is_given_up_at_its_first_key_when_no_call_has_it() {
+        assert_eq!(match_fenced("```json\n{\n  \"user\": {\"id\": 1,", false), Fenced::NotACall, "data, not a call: streams at once");
+        assert_eq!(match_fenced("```json\n{\"na", false), Fenced::Undecided { object: None });
+        assert_eq!(match_fenced("```json\n{\n  \"arguments\": {", false), Fenced::Undecided { object: None });
+        assert_eq!(match_fenced("```json\n{ ", false), Fenced::Undecided { object: None });
     }
 
     #[test]

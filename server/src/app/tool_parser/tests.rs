@@ -284,3 +284,39 @@ fn fenced_answers_that_are_not_certain_calls_stay_text() {
         check(fenced_parser, text, &[text]);
     }
 }
+
+fn lp(token: &str) -> crate::protocol::LogProb {
+    crate::protocol::LogProb { token: token.into(), logprob: -0.5, bytes: token.as_bytes().to_vec(), top_logprobs: Vec::new() }
+}
+
+/// Text and the tokens' entries it carries, over everything `inputs` holds.
+fn text_and_entries(inputs: &[MapperInput]) -> (String, Vec<String>) {
+    let mut text = String::new();
+    let mut entries = Vec::new();
+    for input in inputs {
+        match input {
+            MapperInput::TextDelta(t) => text.push_str(t),
+            MapperInput::TextDeltaWithLogprobs { text: t, logprobs } => {
+                text.push_str(t);
+                entries.extend(logprobs.iter().map(|l| l.token.clone()));
+            }
+            _ => {}
+        }
+    }
+    (text, entries)
+}
+
+#[test]
+fn log_probabilities_go_with_their_text_and_not_with_calls() {
+    let mut p = parser();
+    let mut out = Vec::new();
+    for token in ["Sure", ", ", "here", ".", " <tool_call>", "\n{\"name\": \"get_time\", \"arguments\": {}}", "\n</tool_call>"] {
+        out.extend(p.route(MapperInput::TextDeltaWithLogprobs { text: token.into(), logprobs: vec![lp(token)] }));
+    }
+    out.extend(p.finish());
+    let (text, entries) = text_and_entries(&out);
+    assert_eq!(text, "Sure, here.");
+    assert_eq!(entries, ["Sure", ", ", "here", "."], "the text's tokens keep their entries; the call's are dropped");
+    let calls: Vec<&MapperInput> = out.iter().filter(|i| matches!(i, MapperInput::FunctionCallStarted { name, .. } if name == "get_time")).collect();
+    assert_eq!(calls.len(), 1, "{out:?}");
+}
