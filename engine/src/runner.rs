@@ -96,16 +96,42 @@ fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<Option<SampledToken
         return Ok(Some(sampler.sample(logits, &s.prompt_tokens, &s.output_tokens)));
     };
     let mut constraint = constraint.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !constraint.mask_logits(logits) {
+    let Some(sampled) = sample_masked(&mut sampler, logits, |l| constraint.mask_logits(l), &s.prompt_tokens, &s.output_tokens) else {
         return Ok(None);
-    }
-    let mut sampled = sampler.sample(logits, &s.prompt_tokens, &s.output_tokens);
-    // Forbidden tokens are -inf: they are not alternatives worth reporting.
-    sampled.top_logprobs.retain(|(_, lp)| lp.is_finite());
+    };
     if let Err(e) = constraint.accept(sampled.token) {
         tracing::warn!("the grammar refused sampled token {}: {e}", sampled.token);
     }
     Ok(Some(sampled))
+}
+
+/// What a NaN or `-inf` logit becomes before a grammar's mask: far below any
+/// real logit, yet finite after the penalties scale it (by up to 1e8).
+const NON_FINITE_FLOOR: f32 = -1e30;
+
+/// Samples from `logits` after `mask` has set every forbidden token to
+/// `-inf` (`None` when it allows none). Non-finite logits are made finite
+/// first (NaN and `-inf` become [`NON_FINITE_FLOOR`], `+inf` its opposite),
+/// so that a token the mask allows always outranks one it forbids:
+/// otherwise a model whose allowed logits are all NaN or `-inf` would leave
+/// nothing finite, and the sampler would draw from the whole vocabulary.
+fn sample_masked(
+    sampler: &mut Sampler,
+    logits: &mut [f32],
+    mask: impl FnOnce(&mut [f32]) -> bool,
+    prompt: &[u32],
+    output: &[u32],
+) -> Option<SampledToken> {
+    for l in logits.iter_mut().filter(|l| !l.is_finite()) {
+        *l = if *l == f32::INFINITY { -NON_FINITE_FLOOR } else { NON_FINITE_FLOOR };
+    }
+    if !mask(logits) {
+        return None;
+    }
+    let mut sampled = sampler.sample(logits, prompt, output);
+    // Forbidden tokens are -inf: they are not alternatives worth reporting.
+    sampled.top_logprobs.retain(|(_, lp)| lp.is_finite());
+    Some(sampled)
 }
 
 /// The uniform draw in [0, 1) the sequence's sampler takes at this step
@@ -146,5 +172,71 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 
     fn telemetry(&self) -> Option<std::sync::Arc<dyn DeviceTelemetry>> {
         (**self).telemetry()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::{Rng, SamplingParams};
+
+    /// A logit drawn to stress the sampler: ordinary, huge, or non-finite.
+    fn wild_logit(r: &mut Rng) -> f32 {
+        match r.next_u64() % 10 {
+            0 => f32::NAN,
+            1 => f32::INFINITY,
+            2 => f32::NEG_INFINITY,
+            3 => f32::MAX,
+            4 => -1e30,
+            _ => (r.next_f64() * 40.0 - 20.0) as f32,
+        }
+    }
+
+    /// Sampling parameters over every path: greedy, temperature, top-k
+    /// (heap and select), top-p, min-p, the penalties, logprobs.
+    fn any_params(r: &mut Rng) -> SamplingParams {
+        let pick = |r: &mut Rng, options: &[f32]| options[(r.next_u64() % options.len() as u64) as usize];
+        SamplingParams {
+            temperature: pick(r, &[0.0, 0.3, 1.0, 1.7]),
+            top_k: [0, 1, 2, 5, 50, 300][(r.next_u64() % 6) as usize],
+            top_p: pick(r, &[1.0, 0.9, 0.5, 0.01]),
+            min_p: pick(r, &[0.0, 0.05, 0.5, 1.0]),
+            repetition_penalty: pick(r, &[1.0, 0.5, 1.3]),
+            presence_penalty: pick(r, &[0.0, -2.0, 1.5]),
+            frequency_penalty: pick(r, &[0.0, 2.0, -1.0]),
+            seed: Some(r.next_u64()),
+            top_logprobs: (r.next_u64() % 4) as usize,
+            logprobs: r.next_u64() % 2 == 0,
+        }
+    }
+
+    /// Whatever the logits (NaN, infinities, huge values on forbidden
+    /// tokens) and whatever the sampling parameters, the token returned is
+    /// one the mask allows, and so are the reported alternatives.
+    #[test]
+    fn the_sampler_never_returns_a_token_the_mask_forbids() -> Result<()> {
+        let mut r = Rng::new(17);
+        for case in 0..4000 {
+            let vocab = 1 + (r.next_u64() % 300) as usize;
+            let mut logits: Vec<f32> = (0..vocab).map(|_| wild_logit(&mut r)).collect();
+            let allowed: Vec<bool> = (0..vocab).map(|_| r.next_u64() % 4 == 0).collect();
+            let history: Vec<u32> = (0..(r.next_u64() % 20)).map(|_| (r.next_u64() % vocab as u64) as u32).collect();
+            let mut sampler = Sampler::new(any_params(&mut r))?;
+            let mask = |l: &mut [f32]| {
+                for (l, ok) in l.iter_mut().zip(&allowed) {
+                    if !ok {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+                allowed.contains(&true)
+            };
+            let Some(sampled) = sample_masked(&mut sampler, &mut logits, mask, &history, &history) else {
+                assert!(!allowed.contains(&true), "case {case}: refused although tokens are allowed");
+                continue;
+            };
+            assert!(allowed[sampled.token as usize], "case {case}: sampled forbidden token {} ({:?})", sampled.token, sampler.params());
+            assert!(sampled.top_logprobs.iter().all(|(t, _)| allowed[*t as usize]), "case {case}: a forbidden alternative");
+        }
+        Ok(())
     }
 }
