@@ -466,7 +466,7 @@ mod tests {
     fn quantized_layers_are_batch_invariant() {
         let mut seed = 99u64;
         let (rows, cols) = (13, 512);
-        for dtype in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
             let layer = random_layer(dtype, rows, cols, &mut seed);
             let n = 37;
             let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();

@@ -250,6 +250,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     #[derive(Clone, Copy, PartialEq)]
+    #[repr(u8)]
     enum Kind {
         Q4_0,
         Q4_1,
@@ -342,9 +343,11 @@ mod avx2 {
     macro_rules! rows4_entry {
         ($name:ident, $kind:expr) => {
             pub fn $name(w: [&[u8]; 4], x: &[Q8Block]) -> [f32; 4] {
-                let n = w.iter().fold(x.len(), |n, r| n.min(r.len() / $kind.bytes()));
+                const K: u8 = $kind as u8;
+                let n = w.iter().fold(x.len(), |n, r| n.min(r.len() / kind_of(K).bytes()));
+                let ahead = w[3].as_ptr().wrapping_add(5 * w[3].len());
                 // SAFETY: features detected; n blocks in each of the 4 rows and in x.
-                unsafe { rows4(w.map(|r| r.as_ptr()), x.as_ptr(), n, $kind) }
+                unsafe { rows4::<K>(w.map(|r| r.as_ptr()), x.as_ptr(), n, ahead) }
             }
         };
     }
@@ -354,23 +357,54 @@ mod avx2 {
     rows4_entry!(rows4_q5_0, Kind::Q5_0);
     rows4_entry!(rows4_q5_1, Kind::Q5_1);
 
+    /// The kind with discriminant `k` (a const generic stands in for the enum).
+    const fn kind_of(k: u8) -> Kind {
+        match k {
+            0 => Kind::Q4_0,
+            1 => Kind::Q4_1,
+            2 => Kind::Q5_0,
+            3 => Kind::Q5_1,
+            _ => Kind::Q8_0,
+        }
+    }
+
+    /// The f16 field at byte `at` of four blocks, as four f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn halves4(p: [*const u8; 4], at: usize) -> __m128 {
+        // SAFETY: the caller guarantees two readable bytes at p[r] + at.
+        let h = |r: usize| unsafe { std::ptr::read_unaligned(p[r].add(at) as *const u16) } as i16;
+        _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, h(3), h(2), h(1), h(0)))
+    }
+
     /// Four weight rows against one token; lane r of every vector is row r, and
     /// each lane performs exactly the scalar kernels' operations.
+    ///
+    /// The rows of a matrix lie one after another, so while these four are
+    /// read, the four after the next four (from `ahead` on) are prefetched:
+    /// a hint only, never dereferenced. Without it the loads of short rows
+    /// (576 values) waited on memory and SmolLM2 decoded at 55-62 tok/s
+    /// instead of 85-113 on 2 threads; two groups ahead measured ~8% faster
+    /// than one, four no better than two.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows4(w: [*const u8; 4], x: *const Q8Block, n: usize, kind: Kind) -> [f32; 4] {
+    unsafe fn rows4<const K: u8>(w: [*const u8; 4], x: *const Q8Block, n: usize, ahead: *const u8) -> [f32; 4] {
+        let kind = kind_of(K);
+        let step = 4 * kind.bytes();
         let ones = _mm256_set1_epi16(1);
         let mut acc = _mm_setzero_ps();
         for b in 0..n {
+            let next = ahead.wrapping_add(b * step);
+            for line in (0..step).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+            }
             // SAFETY: b < n blocks in every row and in x (see `rows4_entry!`).
             unsafe {
                 let xb = &*x.add(b);
                 let q8 = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                let blocks = w.map(|r| r.add(b * kind.bytes()));
                 let mut sums = [_mm256_setzero_si256(); 4];
-                let mut d = [0f32; 4];
-                let mut m = [0f32; 4];
                 for r in 0..4 {
-                    let (u, dr, mr) = unpack(w[r].add(b * kind.bytes()), kind);
-                    (d[r], m[r]) = (dr, mr);
+                    let (u, _, _) = unpack(blocks[r], kind);
                     let (u, x8) = if kind == Kind::Q8_0 { (_mm256_sign_epi8(u, u), _mm256_sign_epi8(q8, u)) } else { (u, q8) };
                     sums[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x8), ones);
                 }
@@ -382,10 +416,10 @@ mod avx2 {
                 if kind.offset() != 0 {
                     isum = _mm_sub_epi32(isum, _mm_set1_epi32(kind.offset() * xb.qsum));
                 }
-                let dw = _mm_loadu_ps(d.as_ptr());
+                let dw = halves4(blocks, 0);
                 acc = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(xb.d), dw), _mm_cvtepi32_ps(isum), acc);
                 if kind.has_min() {
-                    acc = _mm_fmadd_ps(_mm_set1_ps(xb.s), _mm_loadu_ps(m.as_ptr()), acc);
+                    acc = _mm_fmadd_ps(_mm_set1_ps(xb.s), halves4(blocks, 2), acc);
                 }
             }
         }
