@@ -1,4 +1,5 @@
-//! Decode-step time at batch 1/4/16 and prefill throughput at 128/512 tokens
+//! Decode-step time at batch 1/4/16 (context 128) and batch 1 at context
+//! 512, and prefill throughput at 128/512 tokens
 //! on SmolLM2-135M-Instruct (Q4_1), with the rayon pool's thread count
 //! (`RAYON_NUM_THREADS`, default: all cores).
 
@@ -9,7 +10,8 @@ use spindle_engine::runner::ModelRunner;
 use std::time::Duration;
 
 const BLOCK: usize = 16;
-const CONTEXT: usize = 128;
+/// (sequences, tokens already in each one's cache) of every decode case.
+const DECODE_CASES: [(usize, usize); 4] = [(1, 128), (4, 128), (16, 128), (1, 512)];
 
 fn seq(tokens: Vec<u32>, start: usize, table: &[u32]) -> SeqInput {
     SeqInput {
@@ -29,16 +31,17 @@ fn bench_forward(c: &mut Criterion) {
 
     let mut decode = c.benchmark_group("decode_step");
     decode.sample_size(20).measurement_time(Duration::from_secs(8));
-    for batch in [1usize, 4, 16] {
+    for (batch, context) in DECODE_CASES {
         let mut tables = vec![Vec::new(); batch];
         for (i, t) in tables.iter_mut().enumerate() {
-            alloc.ensure(t, CONTEXT + 1, BLOCK).expect("pool sized for the benchmark");
-            let prompt: Vec<u32> = (0..CONTEXT as u32).map(|p| 100 + (p * 7 + i as u32) % 4000).collect();
+            alloc.ensure(t, context + 1, BLOCK).expect("pool sized for the benchmark");
+            let prompt: Vec<u32> = (0..context as u32).map(|p| 100 + (p * 7 + i as u32) % 4000).collect();
             runner.execute(&ForwardBatch { seqs: vec![seq(prompt, 0, t)] }).expect("prefill");
         }
-        let step = ForwardBatch { seqs: tables.iter().map(|t| seq(vec![42], CONTEXT, t)).collect() };
+        let step = ForwardBatch { seqs: tables.iter().map(|t| seq(vec![42], context, t)).collect() };
         decode.throughput(Throughput::Elements(batch as u64));
-        decode.bench_with_input(BenchmarkId::from_parameter(batch), &step, |b, step| {
+        let id = if context == 128 { batch.to_string() } else { format!("{batch}@{context}") };
+        decode.bench_with_input(BenchmarkId::from_parameter(id), &step, |b, step| {
             b.iter(|| runner.execute(step).expect("decode"))
         });
         for t in tables.iter_mut() {

@@ -329,8 +329,10 @@ mod avx2 {
             pub fn $four(w: &[u8], x: &[Q8Block], stride: usize) -> [f32; 4] {
                 let n = stride.min(w.len() / $kind.bytes());
                 assert!(x.len() >= 3 * stride + n, "dot4: activation rows too short");
+                const K: u8 = $kind as u8;
+                let ahead = w.as_ptr().wrapping_add(2 * w.len());
                 // SAFETY: as above; 4 rows of >= n blocks at `stride` in x.
-                unsafe { rows::<4>(w.as_ptr(), x.as_ptr(), stride, n, $kind) }
+                unsafe { tokens4::<K>(w.as_ptr(), x.as_ptr(), stride, n, ahead) }
             }
         };
     }
@@ -356,6 +358,52 @@ mod avx2 {
     rows4_entry!(rows4_q8_0, Kind::Q8_0);
     rows4_entry!(rows4_q5_0, Kind::Q5_0);
     rows4_entry!(rows4_q5_1, Kind::Q5_1);
+
+    /// One weight row against four token rows `stride` blocks apart; lane j
+    /// of every vector is token j, and each lane performs exactly the scalar
+    /// kernels' operations. The row after next (from `ahead` on) is
+    /// prefetched, as in [`rows4`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tokens4<const K: u8>(w: *const u8, x: *const Q8Block, stride: usize, n: usize, ahead: *const u8) -> [f32; 4] {
+        let kind = kind_of(K);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm_setzero_ps();
+        for b in 0..n {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * kind.bytes()) as *const i8);
+            // SAFETY: b < n blocks of w; x rows j*stride + b are in bounds (callers check).
+            unsafe {
+                let (u, d, m) = unpack(w.add(b * kind.bytes()), kind);
+                let uw = if kind == Kind::Q8_0 { _mm256_sign_epi8(u, u) } else { u };
+                let xs: [&Q8Block; 4] = std::array::from_fn(|j| &*x.add(j * stride + b));
+                let mut sums = [_mm256_setzero_si256(); 4];
+                for j in 0..4 {
+                    let mut q8 = _mm256_loadu_si256(xs[j].qs.as_ptr() as *const __m256i);
+                    if kind == Kind::Q8_0 {
+                        q8 = _mm256_sign_epi8(q8, u);
+                    }
+                    sums[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(uw, q8), ones);
+                }
+                // Exact i32 reduction of each token's 8 lanes into lane j.
+                let h01 = _mm256_hadd_epi32(sums[0], sums[1]);
+                let h23 = _mm256_hadd_epi32(sums[2], sums[3]);
+                let h = _mm256_hadd_epi32(h01, h23);
+                let mut isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                if kind.offset() != 0 {
+                    let off = |j: usize| kind.offset() * xs[j].qsum;
+                    isum = _mm_sub_epi32(isum, _mm_set_epi32(off(3), off(2), off(1), off(0)));
+                }
+                let xd = _mm_set_ps(xs[3].d, xs[2].d, xs[1].d, xs[0].d);
+                acc = _mm_fmadd_ps(_mm_mul_ps(xd, _mm_set1_ps(d)), _mm_cvtepi32_ps(isum), acc);
+                if kind.has_min() {
+                    acc = _mm_fmadd_ps(_mm_set_ps(xs[3].s, xs[2].s, xs[1].s, xs[0].s), _mm_set1_ps(m), acc);
+                }
+            }
+        }
+        let mut out = [0f32; 4];
+        // SAFETY: out has 4 floats.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
 
     /// The kind with discriminant `k` (a const generic stands in for the enum).
     const fn kind_of(k: u8) -> Kind {
