@@ -44,6 +44,8 @@ run_tests() {
 run_tests test --workspace --all-targets --no-fail-fast
 # Tool calls on Qwen2.5-Coder-0.5B (ignored by a plain `cargo test`).
 run_tests test -p spindle-server --test qwen_tools -- --ignored
+# Qwen2.5-Coder-0.5B's logits and greedy tokens against the numpy reference.
+run_tests test -p spindle-engine --test qwen05_reference -- --ignored
 # The kernels crate with its CUDA kernels compiled and embedded, and the
 # engine's CUDA backend with its GPU-vs-CPU tests: the tests that need a GPU
 # are ignored here (cargo lists them as ignored; tools/gpu-check.sh runs them
@@ -55,5 +57,6 @@ run_tests test -p spindle-engine --features cuda --lib cuda
 # keep compiling too.
 run_tests check -p spindle-server --features cuda
 run_tests check -p spindle-benches --features cuda --bin gpu-model-bench --bin sched-throughput
+echo "disk: target/ holds $(du -sh target | cut -f1); $(df -h . | tail -n 1 | awk '{print $4}') free"
 python3 scripts/test-summary.py "$log" || failed=1
 exit "$failed"

@@ -13,67 +13,13 @@
 mod common;
 
 use serde_json::Value;
-use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
-use spindle_engine::generate::{generate, GenerateRequest};
-use spindle_engine::kv::BlockAllocator;
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::ModelRunner;
-use spindle_engine::sampling::SamplingParams;
+
+use common::reference::{check_prompt, greedy, ids, load_fixture};
 
 fn fixture() -> Value {
-    let text = std::fs::read_to_string(common::fixture("smollm2_reference.json")).expect("fixture");
-    serde_json::from_str(&text).expect("json")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
-}
-
-fn all_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Vec<f32> {
-    let mut alloc = BlockAllocator::new(runner.kv_geometry().num_blocks);
-    let mut table = Vec::new();
-    alloc.ensure(&mut table, prompt.len(), runner.kv_geometry().block_size).expect("blocks");
-    let seq = SeqInput { id: 0, tokens: prompt.to_vec(), start_pos: 0, block_table: table.into(), logits: LogitsRequest::All, sampling: None };
-    runner.execute(&ForwardBatch { seqs: vec![seq] }).expect("forward").seqs.remove(0).logits
-}
-
-fn top_k(row: &[f32], k: usize) -> Vec<u32> {
-    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-    idx.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
-    idx.truncate(k);
-    idx
-}
-
-fn check_prompt(runner: &mut ModelRunner, p: &Value, tol: f32, label: &str) {
-    let prompt = ids(&p["ids"]);
-    let logits = all_logits(runner, &prompt);
-    let vocab = logits.len() / prompt.len();
-    let last = &logits[(prompt.len() - 1) * vocab..];
-    let stride = p["logits_strided"]["stride"].as_u64().expect("stride") as usize;
-    let mut worst = 0f32;
-    for (i, v) in p["logits_strided"]["values"].as_array().expect("values").iter().enumerate() {
-        worst = worst.max((last[i * stride] - v.as_f64().expect("f") as f32).abs());
-    }
-    for pair in p["top20"].as_array().expect("top20") {
-        let (id, v) = (pair[0].as_u64().expect("id") as usize, pair[1].as_f64().expect("v") as f32);
-        worst = worst.max((last[id] - v).abs());
-    }
-    assert!(worst <= tol, "{label} {}: max |logit - reference| = {worst} > {tol}", p["name"]);
-    let ref_top5: Vec<u32> = p["top20"].as_array().expect("top20")[..5].iter().map(|x| x[0].as_u64().expect("id") as u32).collect();
-    let ours = top_k(last, 5);
-    assert_eq!(ours[0], ref_top5[0], "{label}: top-1 differs");
-    let common = ours.iter().filter(|t| ref_top5.contains(t)).count();
-    assert!(common >= 4, "{label}: top-5 {ours:?} vs reference {ref_top5:?}");
-    let per_pos = p["top5_per_position"].as_array().expect("per position");
-    let gaps = p["top5_logits_per_position"].as_array().expect("per position logits");
-    for (pos, (top5, l5)) in per_pos.iter().zip(gaps).enumerate() {
-        let gap = l5[0].as_f64().expect("l") - l5[1].as_f64().expect("l");
-        if gap > 0.5 {
-            let ours = top_k(&logits[pos * vocab..(pos + 1) * vocab], 1)[0];
-            assert_eq!(ours as u64, top5[0].as_u64().expect("id"), "{label}: top-1 at position {pos}");
-        }
-    }
-    println!("{label} {}: max abs logit error {worst:.4}", p["name"]);
+    load_fixture("smollm2_reference.json")
 }
 
 #[test]
@@ -89,24 +35,6 @@ fn logits_match_the_numpy_reference() {
     for p in fx["prompts"].as_array().expect("prompts") {
         check_prompt(&mut runner, p, 1.0, "fast");
     }
-}
-
-fn greedy(runner: &mut ModelRunner, case: &Value) -> Vec<u32> {
-    let mut alloc = BlockAllocator::new(runner.kv_geometry().num_blocks);
-    let req = GenerateRequest {
-        prompt: ids(&case["prompt_ids"]),
-        max_tokens: case["max_new_tokens"].as_u64().expect("n") as usize,
-        sampling: SamplingParams::default(),
-        stop_tokens: vec![],
-        prefill_chunk: 16,
-    };
-    let mut out = Vec::new();
-    generate(runner, &mut alloc, &req, &mut |t| {
-        out.push(t.token);
-        true
-    })
-    .expect("generate");
-    out
 }
 
 #[test]

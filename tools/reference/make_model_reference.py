@@ -12,6 +12,12 @@ are given directly, no tokenizer is involved.
 
     python make_model_reference.py --hf-dir DIR --out FILE --prompt-ids 1,2,3 [--prompt-ids 4,5 ...]
 
+GGUF ids mode: a GGUF with token ids given directly (no tokenizer: for
+models whose tokenizer transformers would need torch for, or whose prompts
+are checked elsewhere); logits and greedy tokens as in HF mode.
+
+    python make_model_reference.py FILE.gguf --out FILE --prompt-ids 1,2,3 [--eos-id N]
+
 See README.md beside this file for the schema.
 """
 
@@ -261,6 +267,41 @@ def run_hf(hf_dir: str, out: str, prompt_ids: list, dtype, eos_override):
     write(doc, out)
 
 
+def run_gguf_ids(path: str, out: str, prompt_ids: list, dtype, eos_override, source):
+    t0 = time.time()
+    sha = sha256_file(path)
+    model = nf.load_gguf(path, dtype)
+    print(f"loaded GGUF in {time.time() - t0:.1f}s", file=sys.stderr)
+    fwd = nf.Forward(model)
+    t0 = time.time()
+    prompts = [prompt_entry(fwd, f"ids_{i}", None, ids, model.config.vocab_size)
+               for i, ids in enumerate(prompt_ids)]
+    eos = int(eos_override) if eos_override is not None else model.config.eos_token_id
+    g = greedy_entry(fwd, None, prompt_ids[0], eos)
+    print(f"forward passes took {time.time() - t0:.1f}s; greedy {g['tokens']} "
+          f"(EOS at {g['stopped_at_eos']})", file=sys.stderr)
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "generator": "tools/reference/make_model_reference.py (GGUF ids mode)",
+        "model_file": os.path.basename(path),
+        "model_sha256": sha,
+        "model_source": source,
+        "model": model_summary(model),
+        "compute": {
+            "implementation": "tools/reference/numpy_forward.py",
+            "dtype": np.dtype(dtype).name,
+            "weights": "gguf.quants.dequantize (float32), upcast to " + np.dtype(dtype).name,
+            "qk_rows_unpermuted_from_gguf": model.source.get("qk_unpermuted"),
+            "logit_rounding": "float32, 7 significant digits",
+        },
+        "tokenizer": None,
+        "versions": versions(),
+        "prompts": prompts,
+        "greedy": g,
+    }
+    write(doc, out)
+
+
 SMOLLM2_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
@@ -270,7 +311,8 @@ def main(argv=None):
     ap.add_argument("--hf-dir", help="HF directory instead of a GGUF (needs --prompt-ids and --out)")
     ap.add_argument("--prompt-ids", action="append", default=[],
                     help="comma-separated token ids (HF mode; repeatable; greedy uses the first)")
-    ap.add_argument("--eos-id", help="HF mode: EOS id for greedy (default: config eos_token_id; 'none' = never stop)")
+    ap.add_argument("--eos-id", help="HF/ids mode: EOS id for greedy (default: config eos_token_id; HF mode: 'none' = never stop)")
+    ap.add_argument("--source", help="GGUF ids mode: where the file comes from, recorded in the fixture")
     ap.add_argument("--out", help=f"output JSON (default {os.path.relpath(DEFAULT_OUT, os.getcwd())} in GGUF mode)")
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     args = ap.parse_args(argv)
@@ -285,8 +327,14 @@ def main(argv=None):
         run_hf(args.hf_dir, args.out, ids, dtype, args.eos_id)
     else:
         if args.prompt_ids:
-            ap.error("--prompt-ids is for --hf-dir mode")
-        run_gguf(args.gguf, args.out or DEFAULT_OUT, dtype)
+            if not args.out:
+                ap.error("GGUF ids mode needs --out")
+            ids = [[int(s) for s in p.split(",") if s.strip()] for p in args.prompt_ids]
+            if any(not p for p in ids):
+                ap.error("empty --prompt-ids")
+            run_gguf_ids(args.gguf, args.out, ids, dtype, args.eos_id, args.source)
+        else:
+            run_gguf(args.gguf, args.out or DEFAULT_OUT, dtype)
     print(f"total {time.time() - t0:.1f}s", file=sys.stderr)
 
 
