@@ -466,6 +466,25 @@ async fn tokenize_and_detokenize_round_trip_and_refuse_bad_input() {
     let (_, chat) = call("/tokenize", json!({"messages": [{"role": "user", "content": "Say hi."}]})).await;
     let (_, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": [{"role": "user", "content": "Say hi."}], "max_output_tokens": 16})).await;
     assert_eq!(chat["count"], r["usage"]["input_tokens"], "{chat} vs {r}");
+    // Chat Completions messages of an agent loop, as vLLM's /tokenize takes
+    // them: an assistant turn with tool_calls and content null, a tool
+    // result, tools in the Chat Completions shape. The count is the prompt
+    // /v1/chat/completions runs for the same messages.
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, light rain"}]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let (status, loop_ids) = call("/tokenize", json!({"messages": messages, "tools": tools})).await;
+    assert_eq!(status, 200, "{loop_ids}");
+    let (status, c) = call("/v1/chat/completions", json!({"model": "smollm2-135m-instruct", "messages": messages, "tools": tools, "max_tokens": 1})).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(loop_ids["count"], c["usage"]["prompt_tokens"], "{loop_ids} vs {c}");
+    let (_, text) = call("/detokenize", json!({"tokens": loop_ids["tokens"]})).await;
+    let text = text["prompt"].as_str().unwrap_or_default();
+    assert!(text.contains("get_weather") && text.contains("18 C, light rain"), "the call and its result are in the prompt: {text}");
 
     let vocab = s.state.model.tokenizer.vocab_size();
     for (path, body, status, param) in [

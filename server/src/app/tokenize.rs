@@ -5,6 +5,7 @@
 //! client can see, and a test can check, the prompt a request will get.
 
 use super::auth::Tenant;
+use super::chat::request::chat_to_responses;
 use super::responses::{check_model, validate_for};
 use super::state::AppState;
 use super::turn;
@@ -24,9 +25,11 @@ struct TokenizeBody {
     model: Option<String>,
     /// Plain text, tokenized as it is.
     prompt: Option<String>,
-    /// Chat messages (`role` + `content`), rendered with the chat template.
+    /// Chat messages, rendered with the chat template: Chat Completions
+    /// messages (as vLLM takes them: assistant `tool_calls` with `content`
+    /// null, `tool` results), or Open Responses input items.
     messages: Option<Vec<Value>>,
-    /// Tools, for chat messages: rendered as `/v1/responses` renders them.
+    /// Tools, for chat messages, in the Chat Completions or Responses shape.
     tools: Option<Value>,
     /// Special tokens around a plain `prompt` (vLLM's default: true).
     add_special_tokens: Option<bool>,
@@ -103,12 +106,29 @@ fn tokenize_body(state: &AppState, b: TokenizeBody, tenant: &Tenant) -> Result<V
 /// The prompt ids `/v1/responses` would run for these messages as its `input`
 /// (compaction items open only for the tenant that made them).
 fn chat_prompt(state: &AppState, messages: Vec<Value>, tools: Option<Value>, tenant: &Tenant) -> Result<Vec<u32>, ApiError> {
-    let mut request = json!({"model": state.model.name, "input": messages, "store": false});
+    let (input, tools) = as_responses_input(messages, tools)?;
+    let mut request = json!({"model": state.model.name, "input": input, "store": false});
     if let Some(tools) = tools {
         request["tools"] = tools;
     }
     let req = validate_for(state, request).map_err(|e| e.renamed_param("input", "messages"))?;
     Ok(turn::prepare(state, &req, Vec::new(), tenant)?.prompt)
+}
+
+/// Messages without a `type` are Chat Completions messages and go through
+/// the Chat Completions converter (as `/v1/chat/completions` takes them), and
+/// so do tools with a `function` object; anything else is Responses input.
+fn as_responses_input(messages: Vec<Value>, tools: Option<Value>) -> Result<(Value, Option<Value>), ApiError> {
+    let chat_messages = messages.iter().all(|m| m.get("type").is_none());
+    let chat_tools = tools.as_ref().and_then(Value::as_array).is_some_and(|t| t.iter().any(|t| t.get("function").is_some()));
+    let mut body = json!({"messages": if chat_messages { Value::Array(messages.clone()) } else { json!([]) }});
+    if let Some(t) = tools.as_ref().filter(|_| chat_tools) {
+        body["tools"] = t.clone();
+    }
+    let (converted, _) = chat_to_responses(&body)?;
+    let input = if chat_messages { converted["input"].clone() } else { Value::Array(messages) };
+    let tools = if chat_tools { converted.get("tools").cloned() } else { tools };
+    Ok((input, tools))
 }
 
 fn detokenize_body(state: &AppState, b: DetokenizeBody) -> Result<Value, ApiError> {
