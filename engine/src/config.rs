@@ -176,13 +176,13 @@ impl ModelConfig {
         if self.num_layers == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
             return bad(format!("zero-sized dimension in {self:?}"));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "{} query heads are not a multiple of {} kv heads",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} is odd", self.head_dim));
         }
         Ok(self)

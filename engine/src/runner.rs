@@ -206,7 +206,7 @@ mod tests {
             frequency_penalty: pick(r, &[0.0, 2.0, -1.0]),
             seed: Some(r.next_u64()),
             top_logprobs: (r.next_u64() % 4) as usize,
-            logprobs: r.next_u64() % 2 == 0,
+            logprobs: r.next_u64().is_multiple_of(2),
         }
     }
 
@@ -219,7 +219,7 @@ mod tests {
         for case in 0..4000 {
             let vocab = 1 + (r.next_u64() % 300) as usize;
             let mut logits: Vec<f32> = (0..vocab).map(|_| wild_logit(&mut r)).collect();
-            let allowed: Vec<bool> = (0..vocab).map(|_| r.next_u64() % 4 == 0).collect();
+            let allowed: Vec<bool> = (0..vocab).map(|_| r.next_u64().is_multiple_of(4)).collect();
             let history: Vec<u32> = (0..(r.next_u64() % 20)).map(|_| (r.next_u64() % vocab as u64) as u32).collect();
             let mut sampler = Sampler::new(any_params(&mut r))?;
             let mask = |l: &mut [f32]| {

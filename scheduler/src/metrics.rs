@@ -72,8 +72,8 @@ impl Metrics {
     }
 
     pub(crate) fn set_prefix_stats(&self, stats: KvCacheStats) {
-        self.prefix_query_tokens.store(stats.prefix_query_tokens as u64, Relaxed);
-        self.prefix_hit_tokens.store(stats.prefix_hit_tokens as u64, Relaxed);
+        self.prefix_query_tokens.store(stats.prefix_query_tokens, Relaxed);
+        self.prefix_hit_tokens.store(stats.prefix_hit_tokens, Relaxed);
     }
 
     pub(crate) fn preempted(&self) {

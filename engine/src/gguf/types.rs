@@ -106,7 +106,7 @@ impl GgmlType {
     /// Bytes needed for `n` elements; errors if `n` is not a whole number of blocks.
     pub fn bytes_for(self, n: usize) -> Result<usize> {
         let bs = self.block_size();
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return Err(EngineError::InvalidGguf(format!(
                 "{n} elements is not a multiple of the {self:?} block size {bs}"
             )));

@@ -81,7 +81,7 @@ impl Linear {
                 )))
             }
             dtype => {
-                if cols % dtype.block_size() != 0 {
+                if !cols.is_multiple_of(dtype.block_size()) {
                     return Err(EngineError::UnsupportedDtype(format!(
                         "{dtype:?} tensor `{}` with {cols} columns (not a whole number of blocks)",
                         t.name
@@ -91,10 +91,10 @@ impl Linear {
                 if t.data.len() != row_bytes * rows {
                     return Err(EngineError::InvalidGguf(format!("tensor `{}` has the wrong byte size", t.name)));
                 }
-                let kernels = if cols % QK == 0 { dot_kernels(dtype) } else { None };
-                let gemm = if cols % QK == 0 { gemm_kernels(dtype) } else { None };
-                let kquant = if cols % QK_K == 0 { kdot_kernels(dtype) } else { None };
-                let kgemm = if cols % QK_K == 0 { kgemm_kernels(dtype) } else { None };
+                let kernels = if cols.is_multiple_of(QK) { dot_kernels(dtype) } else { None };
+                let gemm = if cols.is_multiple_of(QK) { gemm_kernels(dtype) } else { None };
+                let kquant = if cols.is_multiple_of(QK_K) { kdot_kernels(dtype) } else { None };
+                let kgemm = if cols.is_multiple_of(QK_K) { kgemm_kernels(dtype) } else { None };
                 WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernels, gemm, kquant, kgemm }
             }
         };
@@ -337,7 +337,7 @@ const GROUPED_MIN_TOKENS: usize = 8;
 impl QuantizedInput {
     fn new(x: &[f32], n: usize, cols: usize, q8: bool, q8k: bool) -> Self {
         let mut input = Self::default();
-        if q8 && cols % QK == 0 {
+        if q8 && cols.is_multiple_of(QK) {
             let nb = cols / QK;
             input.rows = vec![Q8Block::default(); n * nb];
             for t in 0..n {
@@ -347,7 +347,7 @@ impl QuantizedInput {
                 input.groups = interleave(&input.rows, n, nb);
             }
         }
-        if q8k && cols % QK_K == 0 {
+        if q8k && cols.is_multiple_of(QK_K) {
             let nb = cols / QK_K;
             input.krows = vec![Q8KBlock::default(); n * nb];
             for t in 0..n {

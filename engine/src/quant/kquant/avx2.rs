@@ -91,7 +91,7 @@ impl Format for Q4K {
         // SAFETY: bytes 16..144 of the super-block are readable.
         unsafe {
             let q = _mm256_loadu_si256(wb.add(16 + 32 * (k / 2)) as *const __m256i);
-            let q = if k % 2 == 0 { q } else { _mm256_srli_epi16(q, 4) };
+            let q = if k.is_multiple_of(2) { q } else { _mm256_srli_epi16(q, 4) };
             _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
         }
     }
@@ -122,7 +122,7 @@ impl Format for Q5K {
         // SAFETY: bytes 16..176 of the super-block are readable.
         unsafe {
             let q = _mm256_loadu_si256(wb.add(48 + 32 * (k / 2)) as *const __m256i);
-            let q = if k % 2 == 0 { q } else { _mm256_srli_epi16(q, 4) };
+            let q = if k.is_multiple_of(2) { q } else { _mm256_srli_epi16(q, 4) };
             let qh = _mm256_loadu_si256(wb.add(16) as *const __m256i);
             let h = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k as i32)), _mm256_set1_epi8(1));
             _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0F)), _mm256_slli_epi16(h, 4))
