@@ -208,6 +208,23 @@ async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(response.as_bytes())).await;
 }
 
+/// A connection's place in the registry, freed when the last holder drops
+/// it. Every request carries a clone in its extensions, so a handler that
+/// takes the connection over (a WebSocket upgrade, which outlives hyper's
+/// connection future) keeps it counted against `--max-connections` until
+/// the socket closes.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    id: u64,
+    registry: Arc<Registry>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.registry.remove(self.id);
+    }
+}
+
 /// One accepted connection and its place in the registry.
 struct Connection {
     id: u64,
@@ -219,8 +236,11 @@ struct Connection {
 impl Connection {
     async fn run(mut self, stream: TcpStream, http: Arc<auto::Builder<TokioExecutor>>, router: Router) {
         let tracked = self.tracked.clone();
-        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        let slot = Arc::new(ConnectionSlot { id: self.id, registry: self.registry.clone() });
+        let request_slot = slot.clone();
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             tracked.served.store(true, Ordering::Release);
+            request.extensions_mut().insert(request_slot.clone());
             let mut router = router.clone();
             async move { tower::Service::call(&mut router, request.map(Body::new)).await }
         });
@@ -239,7 +259,7 @@ impl Connection {
                 }
             }
         }
-        self.registry.remove(self.id);
+        drop(slot);
     }
 }
 

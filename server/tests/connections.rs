@@ -1,7 +1,8 @@
 //! The daemon's sockets stay its own, against `spindle serve` as a process:
 //! a slowloris crowd larger than its file-descriptor limit does not stop
 //! `/health` from answering, headers and bodies that trickle in are cut off
-//! after their timeouts.
+//! after their timeouts, and upgraded WebSockets count against
+//! `--max-connections` until they close.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -104,4 +105,55 @@ fn trickled_headers_and_bodies_are_cut_off() {
     idle.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
     let (answer, closed) = read_until_closed(idle, Duration::from_secs(20));
     assert!(answer.starts_with("HTTP/1.1 200") && closed, "{answer:?} (closed: {closed})");
+}
+
+/// Opens a WebSocket on `/v1/responses` by hand: the upgrade's status line.
+fn open_websocket(port: u16) -> (TcpStream, String) {
+    let mut s = connect(port).unwrap();
+    s.write_all(
+        b"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        assert!(Instant::now() < deadline, "no upgrade answer within 10 s: {:?}", String::from_utf8_lossy(&got));
+        match s.read(&mut byte) {
+            Ok(1) => got.push(byte[0]),
+            other => panic!("the upgrade answer ended early ({other:?}): {:?}", String::from_utf8_lossy(&got)),
+        }
+    }
+    let status = String::from_utf8_lossy(&got).lines().next().unwrap_or_default().to_string();
+    (s, status)
+}
+
+#[test]
+fn open_websockets_count_against_max_connections_until_they_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = common::daemon::start_daemon(&spindle_testenv::smollm2_gguf(), dir.path(), &["--max-connections", "3"]);
+    let sockets: Vec<TcpStream> = (0..3)
+        .map(|i| {
+            let (s, status) = open_websocket(daemon.port);
+            assert!(status.starts_with("HTTP/1.1 101"), "WebSocket {i}: {status}");
+            s
+        })
+        .collect();
+    // Three upgraded sockets fill the cap: a fourth connection is told so
+    // at once (read before sending anything, so the refusal is not lost to
+    // a reset of unread request bytes).
+    let (answer, closed) = read_until_closed(connect(daemon.port).unwrap(), Duration::from_secs(10));
+    assert!(answer.starts_with("HTTP/1.1 503"), "with 3 open WebSockets and --max-connections 3: {answer:?} (closed: {closed}); log:\n{}", daemon.log_text());
+    drop(sockets);
+    // Closed sockets give their places back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = health(daemon.port);
+        if status == Some(200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/health still {status:?} 10 s after the WebSockets closed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

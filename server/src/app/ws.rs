@@ -13,6 +13,7 @@ use super::responses::{start_turn, StartedTurn};
 use super::state::AppState;
 use crate::protocol::error::ApiError;
 use crate::protocol::ErrorKind;
+use crate::net::ConnectionSlot;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::Response;
@@ -31,9 +32,21 @@ const LOCAL_RESPONSES: usize = 16;
 const PING_EVERY: Duration = Duration::from_secs(30);
 
 /// GET /v1/responses with an upgrade: the WebSocket transport.
-pub async fn upgrade(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, ws: WebSocketUpgrade) -> Response {
+///
+/// The upgraded socket keeps its connection's slot (when served by
+/// [`crate::net::serve`]) until it closes, so WebSockets count against
+/// `--max-connections` like any other connection.
+pub async fn upgrade(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    slot: Option<Extension<Arc<ConnectionSlot>>>,
+    ws: WebSocketUpgrade,
+) -> Response {
     let max = state.limits.max_body_bytes;
-    ws.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| connection(state, socket, tenant))
+    ws.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
+        connection(state, socket, tenant).await;
+        drop(slot);
+    })
 }
 
 /// The conversations of this connection's recent responses (oldest evicted first).
