@@ -108,3 +108,45 @@ async fn under_auto_weather_questions_become_calls_and_a_text_question_stays_tex
     assert!(calls(&text).is_empty(), "{text}");
     assert_eq!(text["output"].as_array().unwrap().iter().filter(|o| o["type"] == "message").count(), 1, "{text}");
 }
+
+/// Sixteen sampled requests (temperature 1, a seed each) for every forcing
+/// mode: each one's call names a tool that mode allows, and its arguments
+/// validate against that tool's schema.
+#[tokio::test]
+#[ignore = "needs the 491 MB Qwen2.5-Coder-0.5B file: scripts/test.sh fetches it and runs this with --ignored"]
+async fn sixteen_sampled_requests_per_forcing_mode_all_give_calls_valid_under_their_schemas() {
+    let s = start().await;
+    let schemas: Vec<(String, jsonschema::Validator)> = tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap().to_string(), jsonschema::validator_for(&t["parameters"]).expect("schema")))
+        .collect();
+    let asks = [
+        "What's the weather in Paris, and what time is it in Tokyo?",
+        "Is it raining in Lisbon?",
+        "What time is it in New York?",
+        "Tell me about the climate and the clock in Oslo.",
+    ];
+    let modes: [(&str, Value, &[&str]); 3] = [
+        ("required", json!("required"), &["get_weather", "get_time"]),
+        ("named", json!({"type": "function", "name": "get_time"}), &["get_time"]),
+        ("allowed_tools", json!({"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_weather"}]}), &["get_weather"]),
+    ];
+    for (mode, choice, allowed) in modes {
+        let requests = (0..16u64).map(|i| {
+            post(&s, json!({"input": asks[i as usize % asks.len()], "tools": tools(), "tool_choice": choice,
+                            "parallel_tool_calls": false, "temperature": 1.0, "seed": 1000 + i, "max_output_tokens": 80}))
+        });
+        let responses = futures_util::future::join_all(requests).await;
+        for (i, r) in responses.iter().enumerate() {
+            assert_eq!(r["status"], "completed", "{mode} #{i}: {r}");
+            let c = calls(r);
+            assert_eq!(c.len(), 1, "{mode} #{i}: exactly one call: {r}");
+            let (name, args) = &c[0];
+            assert!(allowed.contains(&name.as_str()), "{mode} #{i}: {name} is not allowed: {r}");
+            let (_, validator) = schemas.iter().find(|(n, _)| n == name).expect("a declared tool");
+            assert!(validator.is_valid(args), "{mode} #{i}: arguments {args} do not fit {name}'s schema");
+        }
+    }
+}
