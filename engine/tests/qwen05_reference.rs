@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::reference::{check_prompt, greedy, ids, load_fixture};
+use common::reference::{check_logits_exact_then_fast, greedy, ids, load_fixture};
 use serde_json::Value;
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::ModelRunner;
@@ -35,14 +35,7 @@ fn runner(fx: &Value) -> ModelRunner {
 fn qwen_logits_match_the_numpy_reference() {
     let fx = fixture();
     let mut runner = runner(&fx);
-    runner.set_precision(MatmulPrecision::Exact);
-    for p in fx["prompts"].as_array().expect("prompts") {
-        check_prompt(&mut runner, p, 2e-3, "exact");
-    }
-    runner.set_precision(MatmulPrecision::Fast);
-    for p in fx["prompts"].as_array().expect("prompts") {
-        check_prompt(&mut runner, p, 1.0, "fast");
-    }
+    check_logits_exact_then_fast(&mut runner, &fx);
 }
 
 #[test]

@@ -16,7 +16,7 @@ use serde_json::Value;
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::ModelRunner;
 
-use common::reference::{check_prompt, greedy, ids, load_fixture};
+use common::reference::{check_logits_exact_then_fast, greedy, ids, load_fixture};
 
 fn fixture() -> Value {
     load_fixture("smollm2_reference.json")
@@ -27,14 +27,7 @@ fn logits_match_the_numpy_reference() {
     let path = spindle_testenv::smollm2_gguf();
     let fx = fixture();
     let mut runner = ModelRunner::new(common::load_smollm2(&path), 16, 16);
-    runner.set_precision(MatmulPrecision::Exact);
-    for p in fx["prompts"].as_array().expect("prompts") {
-        check_prompt(&mut runner, p, 2e-3, "exact");
-    }
-    runner.set_precision(MatmulPrecision::Fast);
-    for p in fx["prompts"].as_array().expect("prompts") {
-        check_prompt(&mut runner, p, 1.0, "fast");
-    }
+    check_logits_exact_then_fast(&mut runner, &fx);
 }
 
 #[test]

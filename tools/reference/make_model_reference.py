@@ -227,22 +227,35 @@ def run_gguf(path: str, out: str, dtype):
     write(doc, out)
 
 
+def ids_cases(fwd: nf.Forward, prompt_ids: list, eos, t0: float):
+    """Logits entries for id-only prompts, and greedy decoding of the first."""
+    prompts = [prompt_entry(fwd, f"ids_{i}", None, ids, fwd.c.vocab_size)
+               for i, ids in enumerate(prompt_ids)]
+    g = greedy_entry(fwd, None, prompt_ids[0], eos)
+    print(f"forward passes took {time.time() - t0:.1f}s; greedy {g['tokens']} "
+          f"(EOS at {g['stopped_at_eos']})", file=sys.stderr)
+    return prompts, g
+
+
+def compute_entry(dtype, weights: str, **extra) -> dict:
+    """The fixture's `compute` section."""
+    return {"implementation": "tools/reference/numpy_forward.py", "dtype": np.dtype(dtype).name,
+            "weights": weights + " upcast to " + np.dtype(dtype).name, **extra,
+            "logit_rounding": "float32, 7 significant digits"}
+
+
 def run_hf(hf_dir: str, out: str, prompt_ids: list, dtype, eos_override):
     t0 = time.time()
     model = nf.load_hf_dir(hf_dir, dtype)
     files = {fn: sha256_file(os.path.join(hf_dir, fn)) for fn in model.source["files"]}
     fwd = nf.Forward(model)
-    prompts = [prompt_entry(fwd, f"ids_{i}", None, ids, model.config.vocab_size)
-               for i, ids in enumerate(prompt_ids)]
     if eos_override == "none":
         eos = None
     elif eos_override is not None:
         eos = int(eos_override)
     else:
         eos = model.config.eos_token_id
-    g = greedy_entry(fwd, None, prompt_ids[0], eos)
-    print(f"forward passes took {time.time() - t0:.1f}s; greedy {g['tokens']} "
-          f"(EOS at {g['stopped_at_eos']})", file=sys.stderr)
+    prompts, g = ids_cases(fwd, prompt_ids, eos, t0)
     with open(os.path.join(hf_dir, "config.json")) as f:
         config = json.load(f)
     doc = {
@@ -253,12 +266,7 @@ def run_hf(hf_dir: str, out: str, prompt_ids: list, dtype, eos_override):
         "model_files_sha256": files,
         "model": model_summary(model),
         "hf_config": config,
-        "compute": {
-            "implementation": "tools/reference/numpy_forward.py",
-            "dtype": np.dtype(dtype).name,
-            "weights": "safetensors (bf16/f16/f32) upcast to " + np.dtype(dtype).name,
-            "logit_rounding": "float32, 7 significant digits",
-        },
+        "compute": compute_entry(dtype, "safetensors (bf16/f16/f32)"),
         "tokenizer": None,
         "versions": versions(),
         "prompts": prompts,
@@ -273,13 +281,8 @@ def run_gguf_ids(path: str, out: str, prompt_ids: list, dtype, eos_override, sou
     model = nf.load_gguf(path, dtype)
     print(f"loaded GGUF in {time.time() - t0:.1f}s", file=sys.stderr)
     fwd = nf.Forward(model)
-    t0 = time.time()
-    prompts = [prompt_entry(fwd, f"ids_{i}", None, ids, model.config.vocab_size)
-               for i, ids in enumerate(prompt_ids)]
     eos = int(eos_override) if eos_override is not None else model.config.eos_token_id
-    g = greedy_entry(fwd, None, prompt_ids[0], eos)
-    print(f"forward passes took {time.time() - t0:.1f}s; greedy {g['tokens']} "
-          f"(EOS at {g['stopped_at_eos']})", file=sys.stderr)
+    prompts, g = ids_cases(fwd, prompt_ids, eos, time.time())
     doc = {
         "schema_version": SCHEMA_VERSION,
         "generator": "tools/reference/make_model_reference.py (GGUF ids mode)",
@@ -287,13 +290,8 @@ def run_gguf_ids(path: str, out: str, prompt_ids: list, dtype, eos_override, sou
         "model_sha256": sha,
         "model_source": source,
         "model": model_summary(model),
-        "compute": {
-            "implementation": "tools/reference/numpy_forward.py",
-            "dtype": np.dtype(dtype).name,
-            "weights": "gguf.quants.dequantize (float32), upcast to " + np.dtype(dtype).name,
-            "qk_rows_unpermuted_from_gguf": model.source.get("qk_unpermuted"),
-            "logit_rounding": "float32, 7 significant digits",
-        },
+        "compute": compute_entry(dtype, "gguf.quants.dequantize (float32),",
+                                 qk_rows_unpermuted_from_gguf=model.source.get("qk_unpermuted")),
         "tokenizer": None,
         "versions": versions(),
         "prompts": prompts,
@@ -303,6 +301,14 @@ def run_gguf_ids(path: str, out: str, prompt_ids: list, dtype, eos_override, sou
 
 
 SMOLLM2_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def parse_ids(ap, prompt_ids):
+    """`--prompt-ids` values ("1,2,3") as lists of ints; an empty one is an error."""
+    ids = [[int(s) for s in p.split(",") if s.strip()] for p in prompt_ids]
+    if any(not p for p in ids):
+        ap.error("empty --prompt-ids")
+    return ids
 
 
 def main(argv=None):
@@ -321,18 +327,12 @@ def main(argv=None):
     if args.hf_dir:
         if not args.out or not args.prompt_ids:
             ap.error("--hf-dir needs --out and --prompt-ids")
-        ids = [[int(s) for s in p.split(",") if s.strip()] for p in args.prompt_ids]
-        if any(not p for p in ids):
-            ap.error("empty --prompt-ids")
-        run_hf(args.hf_dir, args.out, ids, dtype, args.eos_id)
+        run_hf(args.hf_dir, args.out, parse_ids(ap, args.prompt_ids), dtype, args.eos_id)
     else:
         if args.prompt_ids:
             if not args.out:
                 ap.error("GGUF ids mode needs --out")
-            ids = [[int(s) for s in p.split(",") if s.strip()] for p in args.prompt_ids]
-            if any(not p for p in ids):
-                ap.error("empty --prompt-ids")
-            run_gguf_ids(args.gguf, args.out, ids, dtype, args.eos_id, args.source)
+            run_gguf_ids(args.gguf, args.out, parse_ids(ap, args.prompt_ids), dtype, args.eos_id, args.source)
         else:
             run_gguf(args.gguf, args.out or DEFAULT_OUT, dtype)
     print(f"total {time.time() - t0:.1f}s", file=sys.stderr)

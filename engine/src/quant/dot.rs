@@ -383,11 +383,7 @@ mod avx2 {
                     }
                     sums[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(uw, q8), ones);
                 }
-                // Exact i32 reduction of each token's 8 lanes into lane j.
-                let h01 = _mm256_hadd_epi32(sums[0], sums[1]);
-                let h23 = _mm256_hadd_epi32(sums[2], sums[3]);
-                let h = _mm256_hadd_epi32(h01, h23);
-                let mut isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                let mut isum = reduce4(sums);
                 if kind.offset() != 0 {
                     let off = |j: usize| kind.offset() * xs[j].qsum;
                     isum = _mm_sub_epi32(isum, _mm_set_epi32(off(3), off(2), off(1), off(0)));
@@ -403,6 +399,16 @@ mod avx2 {
         // SAFETY: out has 4 floats.
         unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
         out
+    }
+
+    /// Exact i32 sums of four vectors' 8 lanes each, vector i into lane i.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce4(sums: [__m256i; 4]) -> __m128i {
+        let h01 = _mm256_hadd_epi32(sums[0], sums[1]);
+        let h23 = _mm256_hadd_epi32(sums[2], sums[3]);
+        let h = _mm256_hadd_epi32(h01, h23);
+        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
     }
 
     /// The kind with discriminant `k` (a const generic stands in for the enum).
@@ -456,11 +462,7 @@ mod avx2 {
                     let (u, x8) = if kind == Kind::Q8_0 { (_mm256_sign_epi8(u, u), _mm256_sign_epi8(q8, u)) } else { (u, q8) };
                     sums[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x8), ones);
                 }
-                // Exact i32 reduction of each row's 8 lanes into lane r.
-                let h01 = _mm256_hadd_epi32(sums[0], sums[1]);
-                let h23 = _mm256_hadd_epi32(sums[2], sums[3]);
-                let h = _mm256_hadd_epi32(h01, h23);
-                let mut isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                let mut isum = reduce4(sums);
                 if kind.offset() != 0 {
                     isum = _mm_sub_epi32(isum, _mm_set1_epi32(kind.offset() * xb.qsum));
                 }

@@ -6,6 +6,7 @@ use serde_json::Value;
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
 use spindle_engine::generate::{generate, GenerateRequest};
 use spindle_engine::kv::BlockAllocator;
+use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::ModelRunner;
 use spindle_engine::sampling::SamplingParams;
 
@@ -71,6 +72,19 @@ pub fn check_prompt(runner: &mut ModelRunner, p: &Value, tol: f32, label: &str) 
         }
     }
     println!("{label} {}: max abs logit error {worst:.4}", p["name"]);
+}
+
+/// Every prompt of the fixture with exact matmuls (within 2e-3) and then
+/// with fast ones (within 1.0): the thresholds of SmolLM2's fixture.
+pub fn check_logits_exact_then_fast(runner: &mut ModelRunner, fx: &Value) {
+    runner.set_precision(MatmulPrecision::Exact);
+    for p in fx["prompts"].as_array().expect("prompts") {
+        check_prompt(runner, p, 2e-3, "exact");
+    }
+    runner.set_precision(MatmulPrecision::Fast);
+    for p in fx["prompts"].as_array().expect("prompts") {
+        check_prompt(runner, p, 1.0, "fast");
+    }
 }
 
 /// Greedy tokens for a fixture's greedy case.
