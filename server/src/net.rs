@@ -212,11 +212,20 @@ async fn refuse(mut stream: TcpStream) {
 /// it. Every request carries a clone in its extensions, so a handler that
 /// takes the connection over (a WebSocket upgrade, which outlives hyper's
 /// connection future) keeps it counted against `--max-connections` until
-/// the socket closes.
+/// the socket closes. Such a handler must close when [`Self::stopping`]
+/// turns true: shutdown waits for every slot.
 #[derive(Debug)]
 pub struct ConnectionSlot {
     id: u64,
     registry: Arc<Registry>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl ConnectionSlot {
+    /// Turns true (or its sender goes away) when the server stops accepting.
+    pub fn stopping(&self) -> watch::Receiver<bool> {
+        self.stopping.clone()
+    }
 }
 
 impl Drop for ConnectionSlot {
@@ -236,7 +245,7 @@ struct Connection {
 impl Connection {
     async fn run(mut self, stream: TcpStream, http: Arc<auto::Builder<TokioExecutor>>, router: Router) {
         let tracked = self.tracked.clone();
-        let slot = Arc::new(ConnectionSlot { id: self.id, registry: self.registry.clone() });
+        let slot = Arc::new(ConnectionSlot { id: self.id, registry: self.registry.clone(), stopping: self.stopping.clone() });
         let request_slot = slot.clone();
         let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             tracked.served.store(true, Ordering::Release);

@@ -2,7 +2,8 @@
 //! a slowloris crowd larger than its file-descriptor limit does not stop
 //! `/health` from answering, headers and bodies that trickle in are cut off
 //! after their timeouts, and upgraded WebSockets count against
-//! `--max-connections` until they close.
+//! `--max-connections` until they close (and close with 1001 when the
+//! daemon stops).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -44,19 +45,25 @@ fn health(port: u16) -> (Option<u16>, Duration) {
 
 /// Reads until the server closes the connection (or `within` passes):
 /// what it sent, and whether it closed in time.
-fn read_until_closed(mut s: TcpStream, within: Duration) -> (String, bool) {
+fn read_until_closed(s: TcpStream, within: Duration) -> (String, bool) {
+    let (got, closed) = read_bytes_until_closed(s, within);
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// [`read_until_closed`], as raw bytes.
+fn read_bytes_until_closed(mut s: TcpStream, within: Duration) -> (Vec<u8>, bool) {
     let deadline = Instant::now() + within;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while Instant::now() < deadline {
         match s.read(&mut buf) {
-            Ok(0) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(0) => return (got, true),
             Ok(n) => got.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Err(_) => return (got, true),
         }
     }
-    (String::from_utf8_lossy(&got).into_owned(), false)
+    (got, false)
 }
 
 #[test]
@@ -155,5 +162,23 @@ fn open_websockets_count_against_max_connections_until_they_close() {
         }
         assert!(Instant::now() < deadline, "/health still {status:?} 10 s after the WebSockets closed");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_stop_signal_closes_open_websockets_with_1001_and_the_daemon_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = common::daemon::start_daemon(&spindle_testenv::smollm2_gguf(), dir.path(), &[]);
+    let (socket, status) = open_websocket(daemon.port);
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(daemon.child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    let (frames, closed) = read_bytes_until_closed(socket, Duration::from_secs(10));
+    // An unmasked close frame (0x88) whose code is 1001 (0x03e9).
+    assert!(closed && frames.len() >= 4 && frames[0] == 0x88 && frames[2..4] == [0x03, 0xe9], "frames {frames:?} (closed: {closed})");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the daemon did not exit within 10 s of SIGTERM with a WebSocket open; log:\n{}", daemon.log_text());
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

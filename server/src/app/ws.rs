@@ -35,7 +35,8 @@ const PING_EVERY: Duration = Duration::from_secs(30);
 ///
 /// The upgraded socket keeps its connection's slot (when served by
 /// [`crate::net::serve`]) until it closes, so WebSockets count against
-/// `--max-connections` like any other connection.
+/// `--max-connections` like any other connection; when the server stops, the
+/// socket closes with 1001 once its running turn (if any) has ended.
 pub async fn upgrade(
     State(state): State<Arc<AppState>>,
     Extension(tenant): Extension<Tenant>,
@@ -43,8 +44,9 @@ pub async fn upgrade(
     ws: WebSocketUpgrade,
 ) -> Response {
     let max = state.limits.max_body_bytes;
+    let stopping = slot.as_ref().map(|Extension(slot)| slot.stopping());
     ws.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
-        connection(state, socket, tenant).await;
+        connection(state, socket, tenant, stopping).await;
         drop(slot);
     })
 }
@@ -105,7 +107,21 @@ async fn finished(running: &mut Option<Running>) -> Result<TurnOutcome, tokio::t
     }
 }
 
-async fn connection(state: Arc<AppState>, socket: WebSocket, tenant: Tenant) {
+/// Resolves once the server stops (never without a stop signal).
+async fn server_stopping(stopping: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    match stopping {
+        // A dropped sender means the server loop is gone: stopping too.
+        Some(rx) => drop(rx.wait_for(|stop| *stop).await),
+        None => std::future::pending().await,
+    }
+}
+
+/// The close frame of a connection the server ends because it shuts down.
+fn going_away() -> Message {
+    Message::Close(Some(CloseFrame { code: close_code::AWAY, reason: "the server is shutting down".into() }))
+}
+
+async fn connection(state: Arc<AppState>, socket: WebSocket, tenant: Tenant, mut stopping: Option<tokio::sync::watch::Receiver<bool>>) {
     let (mut ws_tx, mut ws_rx) = socket.split();
     let (out, mut out_rx) = mpsc::channel::<Message>(64);
     let writer = tokio::spawn(async move {
@@ -121,10 +137,16 @@ async fn connection(state: Arc<AppState>, socket: WebSocket, tenant: Tenant) {
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
     let mut local = LocalResponses::default();
     let mut running: Option<Running> = None;
+    let mut closing = false;
     loop {
         tokio::select! {
             message = ws_rx.next() => match message {
                 Some(Ok(Message::Text(text))) => {
+                    if closing {
+                        let e = ApiError::new(503, ErrorKind::ServerError, "The server is shutting down; reconnect to continue.").with_code("server_shutting_down");
+                        send_error(&out, &e).await;
+                        continue;
+                    }
                     if let Some(turn) = running.take() {
                         if !turn.ending.load(Ordering::Acquire) {
                             running = Some(turn);
@@ -182,6 +204,19 @@ async fn connection(state: Arc<AppState>, socket: WebSocket, tenant: Tenant) {
             outcome = finished(&mut running), if running.is_some() => {
                 let previous = running.take().and_then(|turn| turn.previous);
                 settle(&mut local, previous, outcome);
+                if closing {
+                    let _ = out.send(going_away()).await;
+                    break;
+                }
+            }
+            () = server_stopping(&mut stopping), if !closing => {
+                // Close now when idle; else once the running turn ends (the
+                // drain period ends it at the latest).
+                closing = true;
+                if running.is_none() {
+                    let _ = out.send(going_away()).await;
+                    break;
+                }
             }
             _ = ping.tick() => {
                 if out.send(Message::Ping(Default::default())).await.is_err() {
