@@ -544,7 +544,16 @@ async fn ready_turns_503_when_the_step_loop_dies_and_gauges_start_full() {
 
     let (status, r) = post(&s, json!({"model": "smollm2-135m-instruct", "input": "Say hi.", "max_output_tokens": 16})).await;
     assert!(status >= 500 || r["status"] == "failed", "a request whose step loop died does not succeed: {status} {r}");
-    let ready = common::http().get(format!("{}/ready", s.base)).send().await.expect("ready");
+    // The request can fail while the dying thread is still unwinding (its
+    // sequences' channels close before its liveness flag drops): poll.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let ready = loop {
+        let ready = common::http().get(format!("{}/ready", s.base)).send().await.expect("ready");
+        if ready.status() == 503 || std::time::Instant::now() > deadline {
+            break ready;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     assert_eq!(ready.status(), 503);
     let body: Value = ready.json().await.expect("json");
     assert_eq!(body["status"], "unavailable", "{body}");
