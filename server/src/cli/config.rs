@@ -2,15 +2,16 @@
 //! `--config`. The file is a flat list of `key = value` (TOML) or
 //! `key: value` (YAML) lines, keys named as the flags without their dashes
 //! (`max-num-seqs` or `max_num_seqs`); values are strings, numbers, booleans
-//! or `[a, b]` lists. Flags on the command line win over the file, and the
-//! file over the environment.
+//! or `[a, b]` lists. Flags on the command line win over the file (a flag
+//! given there replaces every value the file gives it, lists included), and
+//! the file over the environment.
 
 use anyhow::{bail, Context};
 use std::path::Path;
 
 /// `args` with every `--config FILE` (or `--config=FILE`) after `serve`
-/// replaced by the flags the file holds, placed right after `serve` so that
-/// the command line's own flags come later and win.
+/// replaced by the flags the file holds that the command line does not
+/// give, placed right after `serve` (so the command line's flags come later).
 pub fn expand(args: Vec<String>) -> anyhow::Result<Vec<String>> {
     let Some(serve) = args.iter().position(|a| a == "serve") else { return Ok(args) };
     let (mut out, mut rest, mut from_files) = (args[..=serve].to_vec(), Vec::new(), Vec::new());
@@ -26,18 +27,25 @@ pub fn expand(args: Vec<String>) -> anyhow::Result<Vec<String>> {
             None => rest.push(arg.clone()),
         }
     }
-    out.extend(from_files);
+    let given: Vec<&str> = rest.iter().filter_map(|a| a.strip_prefix("--")).map(|a| a.split_once('=').map_or(a, |(name, _)| name)).collect();
+    for (flag, value) in from_files {
+        if !given.contains(&&flag[2..]) {
+            out.push(flag);
+            out.extend(value);
+        }
+    }
     out.extend(rest);
     Ok(out)
 }
 
-/// The command-line flags a config file stands for.
-pub fn flags_of(path: &Path) -> anyhow::Result<Vec<String>> {
+/// The command-line flags a config file stands for: each flag with its value
+/// (none for a boolean switch), a list giving one pair per item.
+pub fn flags_of(path: &Path) -> anyhow::Result<Vec<(String, Option<String>)>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading --config {}", path.display()))?;
     parse(&text).with_context(|| format!("--config {}", path.display()))
 }
 
-fn parse(text: &str) -> anyhow::Result<Vec<String>> {
+fn parse(text: &str) -> anyhow::Result<Vec<(String, Option<String>)>> {
     let mut flags = Vec::new();
     for (n, raw) in text.lines().enumerate() {
         let line = raw.trim();
@@ -54,19 +62,15 @@ fn parse(text: &str) -> anyhow::Result<Vec<String>> {
         let flag = format!("--{}", key.replace('_', "-"));
         let value = strip_comment(value.trim());
         match value {
-            "true" => flags.push(flag),
+            "true" => flags.push((flag, None)),
             "false" => {}
             list if list.starts_with('[') => {
                 let inner = list.strip_suffix(']').with_context(|| format!("line {}: unclosed list", n + 1))?;
                 for item in inner[1..].split(',').map(str::trim).filter(|i| !i.is_empty()) {
-                    flags.push(flag.clone());
-                    flags.push(unquote(item).to_string());
+                    flags.push((flag.clone(), Some(unquote(item).to_string())));
                 }
             }
-            scalar => {
-                flags.push(flag);
-                flags.push(unquote(scalar).to_string());
-            }
+            scalar => flags.push((flag, Some(unquote(scalar).to_string()))),
         }
     }
     Ok(flags)
@@ -105,12 +109,16 @@ mod tests {
         items.iter().map(|s| s.to_string()).collect()
     }
 
+    fn flat(text: &str) -> anyhow::Result<Vec<String>> {
+        Ok(parse(text)?.into_iter().flat_map(|(flag, value)| std::iter::once(flag).chain(value)).collect())
+    }
+
     #[test]
     fn toml_and_yaml_lines_become_flags() -> anyhow::Result<()> {
         let toml = "# serving\nport = 9000\nserved_model_name = [\"a\", \"b\"]\nno-enable-prefix-caching = true\nallow_unauthenticated = false\nhost = \"0.0.0.0\" # all\n";
-        assert_eq!(parse(toml)?, strings(&["--port", "9000", "--served-model-name", "a", "--served-model-name", "b", "--no-enable-prefix-caching", "--host", "0.0.0.0"]));
+        assert_eq!(flat(toml)?, strings(&["--port", "9000", "--served-model-name", "a", "--served-model-name", "b", "--no-enable-prefix-caching", "--host", "0.0.0.0"]));
         let yaml = "---\nmax-num-seqs: 8\nchat_template: '/tmp/t.jinja'\n";
-        assert_eq!(parse(yaml)?, strings(&["--max-num-seqs", "8", "--chat-template", "/tmp/t.jinja"]));
+        assert_eq!(flat(yaml)?, strings(&["--max-num-seqs", "8", "--chat-template", "/tmp/t.jinja"]));
         assert!(parse("just words\n").is_err());
         assert!(parse("config = other.toml\n").is_err());
         Ok(())
@@ -121,9 +129,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("spindle-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let file = dir.join("c.toml");
-        std::fs::write(&file, "port = 9000\n")?;
-        let args = strings(&["spindle", "serve", "--port", "1", "--config", file.to_str().unwrap_or_default()]);
-        assert_eq!(expand(args)?, strings(&["spindle", "serve", "--port", "9000", "--port", "1"]));
+        std::fs::write(&file, "port = 9000\napi-key = [file1, file2]\nhost = h\n")?;
+        let path = file.to_str().unwrap_or_default();
+        let args = strings(&["spindle", "serve", "--port", "1", "--config", path]);
+        assert_eq!(expand(args)?, strings(&["spindle", "serve", "--api-key", "file1", "--api-key", "file2", "--host", "h", "--port", "1"]));
+        // A list on the command line replaces the file's list: no key of the file stays valid.
+        let args = strings(&["spindle", "serve", "--config", path, "--api-key=cli", "--host", "x"]);
+        assert_eq!(expand(args)?, strings(&["spindle", "serve", "--port", "9000", "--api-key=cli", "--host", "x"]));
         assert_eq!(expand(strings(&["spindle", "models"]))?, strings(&["spindle", "models"]));
         std::fs::remove_dir_all(&dir)?;
         Ok(())

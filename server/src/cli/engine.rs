@@ -36,19 +36,19 @@ pub struct EngineArgs {
     #[arg(long, env = "SPINDLE_KV_CACHE_MIB", default_value_t = 1024)]
     pub kv_cache_memory_mib: usize,
     /// Fraction of the GPU's memory for weights, activations and the KV cache (the rest of it goes to the KV cache).
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, env = "SPINDLE_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
     /// Matmul precision of the CPU backend.
-    #[arg(long, value_enum, default_value = "fast")]
+    #[arg(long, env = "SPINDLE_PRECISION", value_enum, default_value = "fast")]
     pub precision: Precision,
     /// GPU: launch every decode step's kernels instead of replaying CUDA graphs.
-    #[arg(long)]
+    #[arg(long, env = "SPINDLE_NO_CUDA_GRAPHS")]
     pub no_cuda_graphs: bool,
     /// GPU: copy logits to the host and sample there instead of on the device.
-    #[arg(long)]
+    #[arg(long, env = "SPINDLE_HOST_SAMPLING")]
     pub host_sampling: bool,
     /// GPU: run linear layers on Spindle's GEMM kernels even where cuBLAS loads.
-    #[arg(long)]
+    #[arg(long, env = "SPINDLE_NO_CUBLAS")]
     pub no_cublas: bool,
     /// Worker threads (default: all cores).
     #[arg(long, env = "SPINDLE_THREADS")]

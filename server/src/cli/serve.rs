@@ -26,10 +26,10 @@ pub struct ServeArgs {
     #[command(flatten)]
     served: super::served::ServedModelArgs,
     /// Reuse cached prompt prefixes across requests (the default).
-    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    #[arg(long, env = "SPINDLE_ENABLE_PREFIX_CACHING", overrides_with = "no_enable_prefix_caching")]
     enable_prefix_caching: bool,
     /// Compute every prompt in full: no prefix cache.
-    #[arg(long)]
+    #[arg(long, env = "SPINDLE_NO_ENABLE_PREFIX_CACHING")]
     no_enable_prefix_caching: bool,
     /// `max_output_tokens` when a request leaves it out (default: 4096, the most allowed).
     #[arg(long, env = "SPINDLE_DEFAULT_MAX_OUTPUT_TOKENS")]
@@ -59,11 +59,11 @@ pub struct ServeArgs {
     max_connections: Option<usize>,
     /// Seconds a connection may take to send a request's headers, and may stay
     /// idle between keep-alive requests.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, env = "SPINDLE_HEADER_READ_TIMEOUT_S", default_value_t = 30)]
     header_read_timeout_s: u64,
     /// Seconds a streamed response waits for a client that has stopped
     /// reading before it ends the response and frees its memory.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, env = "SPINDLE_STREAM_STALL_TIMEOUT_S", default_value_t = 30)]
     stream_stall_timeout_s: u64,
     /// Most responses one tenant (API key) may have generating or queued at
     /// once; 429 with Retry-After beyond (default: --max-num-seqs plus
@@ -71,43 +71,43 @@ pub struct ServeArgs {
     #[arg(long, env = "SPINDLE_MAX_STREAMS_PER_TENANT")]
     max_streams_per_tenant: Option<usize>,
     /// Seconds a request body may take to arrive (408 beyond).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, env = "SPINDLE_BODY_READ_TIMEOUT_S", default_value_t = 30)]
     body_read_timeout_s: u64,
     /// Allow binding a non-loopback address without API keys.
-    #[arg(long)]
+    #[arg(long, env = "SPINDLE_ALLOW_UNAUTHENTICATED")]
     allow_unauthenticated: bool,
     /// SQLite file for stored responses.
     #[arg(long, env = "SPINDLE_STORE_PATH")]
     store_path: Option<PathBuf>,
     /// How long stored responses are kept, in hours.
-    #[arg(long, default_value_t = 720)]
+    #[arg(long, env = "SPINDLE_STORE_TTL_HOURS", default_value_t = 720)]
     store_ttl_hours: u64,
     /// Most stored responses kept (oldest completed evicted first).
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, env = "SPINDLE_STORE_MAX_RESPONSES", default_value_t = 100_000)]
     store_max_responses: usize,
     /// How long an LMSP task's event history stays replayable after the task ends, in seconds.
-    #[arg(long, default_value_t = 3600)]
+    #[arg(long, env = "SPINDLE_TASK_EVENT_RETENTION_S", default_value_t = 3600)]
     task_event_retention_s: u64,
     /// Most sequences per step.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, env = "SPINDLE_MAX_NUM_SEQS", default_value_t = 64)]
     max_num_seqs: usize,
     /// Most new tokens per step.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, env = "SPINDLE_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
     max_num_batched_tokens: usize,
     /// Most requests waiting for admission (429 beyond).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, env = "SPINDLE_MAX_WAITING", default_value_t = 256)]
     max_waiting: usize,
     /// Temperature when a request leaves it out.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, env = "SPINDLE_DEFAULT_TEMPERATURE", default_value_t = 0.8)]
     default_temperature: f64,
     /// top_p when a request leaves it out.
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, env = "SPINDLE_DEFAULT_TOP_P", default_value_t = 0.95)]
     default_top_p: f64,
     /// top_k when a request leaves it out (0 = off).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, env = "SPINDLE_DEFAULT_TOP_K", default_value_t = 40)]
     default_top_k: u32,
     /// min_p when a request leaves it out (0 = off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, env = "SPINDLE_DEFAULT_MIN_P", default_value_t = 0.05)]
     default_min_p: f64,
 }
 
@@ -183,9 +183,9 @@ fn default_output_tokens(args: &ServeArgs) -> anyhow::Result<usize> {
 fn log_settings(args: &ServeArgs, state: &AppState) {
     let m = &state.model;
     tracing::info!(
-        "serving {} (also as {:?}); context {} tokens; prefix caching {}; default max_output_tokens {}; max {} sequences per step, {} waiting, {} per tenant; chat template {}",
+        "serving {}{}; context {} tokens; prefix caching {}; default max_output_tokens {}; max {} sequences per step, {} waiting, {} per tenant; chat template {}",
         m.name,
-        m.aliases,
+        if m.aliases.is_empty() { String::new() } else { format!(" (also as {:?})", m.aliases) },
         m.context_length,
         if args.no_enable_prefix_caching { "off" } else { "on" },
         state.limits.default_output_tokens,
@@ -326,4 +326,22 @@ fn model_salt(path: &std::path::Path) -> u64 {
 
 fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_serving_flag_has_an_environment_variable() {
+        let command = ServeArgs::augment_args(clap::Command::new("serve"));
+        let mut missing = Vec::new();
+        for arg in command.get_arguments().filter(|a| a.get_long().is_some_and(|l| l != "config")) {
+            match arg.get_env().and_then(|e| e.to_str()) {
+                Some(env) if env.starts_with("SPINDLE_") => {}
+                _ => missing.push(arg.get_id().to_string()),
+            }
+        }
+        assert!(missing.is_empty(), "flags without a SPINDLE_* variable: {missing:?}");
+    }
 }

@@ -50,12 +50,14 @@ fn answer_logprobs(response: &Value) -> Vec<Value> {
         .collect()
 }
 
-/// OpenAI's `finish_reason`: `tool_calls`, `length` or `stop`.
+/// OpenAI's `finish_reason`: `length` for a response cut off (even inside
+/// a tool call, whose arguments are then unfinished), else `tool_calls` or
+/// `stop`.
 pub fn finish_reason(response: &Value) -> &'static str {
-    if items(response, "function_call").next().is_some() {
-        "tool_calls"
-    } else if response["status"] == "incomplete" {
+    if response["status"] == "incomplete" {
         "length"
+    } else if items(response, "function_call").next().is_some() {
+        "tool_calls"
     } else {
         "stop"
     }
@@ -260,6 +262,20 @@ mod tests {
             "prompt_tokens_details": {"cached_tokens": 2}, "completion_tokens_details": {"reasoning_tokens": 1}}));
         let t = text_completion(&finished(), false);
         assert_eq!((t["object"].as_str(), t["choices"][0]["text"].as_str()), (Some("text_completion"), Some("Hi")));
+    }
+
+    #[test]
+    fn a_response_cut_off_in_a_tool_call_finishes_with_length() {
+        let mut r = finished();
+        r["status"] = json!("incomplete");
+        r["incomplete_details"] = json!({"reason": "max_output_tokens"});
+        r["output"][2]["arguments"] = json!("{\"city\": \"Par");
+        r["output"][2]["status"] = json!("incomplete");
+        assert_eq!(chat_completion(&r, false)["choices"][0]["finish_reason"], "length", "a cut-off call is no finished call");
+        let mut m = ChunkMapper::new(Api::Chat, false, false);
+        m.push(&json!({"type": "response.created", "response": {"id": "resp_x", "created_at": 1, "model": "m"}}));
+        let last = m.push(&json!({"type": "response.incomplete", "response": r}));
+        assert_eq!(last[0]["choices"][0]["finish_reason"], "length", "streamed too: {last:?}");
     }
 
     #[test]
