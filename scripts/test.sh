@@ -12,6 +12,11 @@ echo "test model: $SPINDLE_MODEL_GGUF"
 SPINDLE_QWEN05_GGUF=$(scripts/fetch-model.sh --name qwen2.5-coder-0.5b-instruct | tail -n 1)
 export SPINDLE_QWEN05_GGUF
 echo "tool-calling model: $SPINDLE_QWEN05_GGUF"
+# Gemma 3 270M (253 MB: SentencePiece vocabulary, sliding-window layers) for
+# the ignored-by-default tests in engine/tests/gemma3_*.rs run below.
+SPINDLE_GEMMA3_GGUF=$(scripts/fetch-model.sh --name gemma-3-270m | tail -n 1)
+export SPINDLE_GEMMA3_GGUF
+echo "gemma 3 model: $SPINDLE_GEMMA3_GGUF"
 bash scripts/tests/fetch-model-names.sh
 
 # The OpenAI Python SDK (from PyPI, exact pins) in .venv-py, for
@@ -46,6 +51,9 @@ run_tests test --workspace --all-targets --no-fail-fast
 run_tests test -p spindle-server --test qwen_tools -- --ignored
 # Qwen2.5-Coder-0.5B's logits and greedy tokens against the numpy reference.
 run_tests test -p spindle-engine --test qwen05_reference -- --ignored
+# Gemma 3 270M: its tokenizer against llama.cpp's, its logits and greedy
+# tokens against the numpy reference, and its sliding window in chunks.
+run_tests test -p spindle-engine --test gemma3_tokenizer --test gemma3_reference -- --ignored
 # The kernels crate with its CUDA kernels compiled and embedded, and the
 # engine's CUDA backend with its GPU-vs-CPU tests: the tests that need a GPU
 # are ignored here (cargo lists them as ignored; tools/gpu-check.sh runs them

@@ -15,6 +15,30 @@ pub enum ArchFamily {
     Qwen2,
     /// Qwen3: per-head RMSNorm on q and k before RoPE.
     Qwen3,
+    /// Gemma 3 (text): scaled embeddings, q/k norms, norms before and after
+    /// attention and MLP, GELU-tanh gated MLP, sliding-window layers with
+    /// their own RoPE base between global ones.
+    Gemma3,
+}
+
+/// Local attention: most layers see only the last `size` positions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a local layer attends to (its own included).
+    pub size: usize,
+    /// Every `pattern`-th layer (1-based) is global; the others are local.
+    pub pattern: usize,
+    /// RoPE base frequency of the local layers.
+    pub local_rope_theta: f32,
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) · up` (SwiGLU).
+    Silu,
+    /// `gelu_tanh(gate) · up` (GeGLU, tanh approximation).
+    GeluTanh,
 }
 
 /// How RoPE pairs the dimensions of a head.
@@ -71,6 +95,11 @@ pub struct ModelConfig {
     pub context_length: usize,
     /// Whether the output projection reuses the token embedding.
     pub tie_word_embeddings: bool,
+    /// Local attention layers, if the model has them (Gemma 3).
+    pub sliding_window: Option<SlidingWindow>,
+    /// Attention logits are scaled by `1/√query_pre_attn_scalar` (default:
+    /// the head width).
+    pub query_pre_attn_scalar: Option<f32>,
 }
 
 impl ModelConfig {
@@ -81,9 +110,19 @@ impl ModelConfig {
             "llama" | "mistral" => (ArchFamily::Llama, RopeStyle::Interleaved),
             "qwen2" => (ArchFamily::Qwen2, RopeStyle::Neox),
             "qwen3" => (ArchFamily::Qwen3, RopeStyle::Neox),
+            "gemma3" => (ArchFamily::Gemma3, RopeStyle::Neox),
             other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
         };
         let key = |k: &str| format!("{arch}.{k}");
+        // llama.cpp's Gemma 3: every 6th layer global, local RoPE base 10 000.
+        let sliding_window = match (family, file.get_u64(&key("attention.sliding_window"))) {
+            (ArchFamily::Gemma3, Ok(size)) => Some(SlidingWindow {
+                size: size as usize,
+                pattern: file.get_u64(&key("attention.sliding_window_pattern")).map_or(6, |p| p as usize),
+                local_rope_theta: file.get_f64(&key("rope.local.freq_base")).unwrap_or(10_000.0) as f32,
+            }),
+            _ => None,
+        };
         let usize_key = |k: &str| -> Result<usize> { Ok(file.get_u64(&key(k))? as usize) };
         let hidden_size = usize_key("embedding_length")?;
         let num_heads = usize_key("attention.head_count")?;
@@ -116,6 +155,8 @@ impl ModelConfig {
             rope_style,
             context_length: usize_key("context_length")?,
             tie_word_embeddings: !file.contains("output.weight"),
+            sliding_window,
+            query_pre_attn_scalar: None,
         };
         config.validate()
     }
@@ -131,6 +172,7 @@ impl ModelConfig {
             "LlamaForCausalLM" | "MistralForCausalLM" | "llama" | "mistral" => ArchFamily::Llama,
             "Qwen2ForCausalLM" | "qwen2" => ArchFamily::Qwen2,
             "Qwen3ForCausalLM" | "qwen3" => ArchFamily::Qwen3,
+            "Gemma3ForCausalLM" | "gemma3_text" => ArchFamily::Gemma3,
             other => return Err(EngineError::UnsupportedArchitecture(other.to_string())),
         };
         let get = |k: &str| -> Result<usize> {
@@ -162,7 +204,9 @@ impl ModelConfig {
             rope_scaling: hf_rope_scaling(cfg)?,
             rope_style: RopeStyle::Neox,
             context_length: get("max_position_embeddings")?,
-            tie_word_embeddings: cfg["tie_word_embeddings"].as_bool().unwrap_or(false),
+            tie_word_embeddings: cfg["tie_word_embeddings"].as_bool().unwrap_or(family == ArchFamily::Gemma3),
+            sliding_window: hf_sliding_window(cfg, family),
+            query_pre_attn_scalar: cfg["query_pre_attn_scalar"].as_f64().map(|v| v as f32),
         };
         config.validate()
     }
@@ -185,7 +229,46 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} is odd", self.head_dim));
         }
+        if let Some(w) = self.sliding_window.filter(|w| w.size == 0 || w.pattern == 0) {
+            return bad(format!("sliding window {w:?} has a zero size or pattern"));
+        }
         Ok(self)
+    }
+
+    /// The attention window of `layer`: `Some(positions)` for a local
+    /// layer, `None` for one that sees the whole context.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.sliding_window.filter(|w| !(layer + 1).is_multiple_of(w.pattern)).map(|w| w.size)
+    }
+
+    /// The factor the token embeddings are multiplied by (Gemma: √hidden).
+    pub fn embedding_scale(&self) -> Option<f32> {
+        (self.family == ArchFamily::Gemma3).then(|| (self.hidden_size as f32).sqrt())
+    }
+
+    /// The factor attention logits are multiplied by.
+    pub fn attention_scale(&self) -> f32 {
+        1.0 / self.query_pre_attn_scalar.unwrap_or(self.head_dim as f32).sqrt()
+    }
+
+    /// The MLP's gate activation.
+    pub fn activation(&self) -> Activation {
+        if self.family == ArchFamily::Gemma3 {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        }
+    }
+
+    /// Whether q and k are RMS-normalized per head before RoPE.
+    pub fn qk_norm(&self) -> bool {
+        matches!(self.family, ArchFamily::Qwen3 | ArchFamily::Gemma3)
+    }
+
+    /// Whether attention and MLP outputs are RMS-normalized before their
+    /// residual add (Gemma's "sandwich" norms).
+    pub fn post_norms(&self) -> bool {
+        self.family == ArchFamily::Gemma3
     }
 
     /// Width of all query heads together.
@@ -197,6 +280,17 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }
+}
+
+fn hf_sliding_window(cfg: &Value, family: ArchFamily) -> Option<SlidingWindow> {
+    if family != ArchFamily::Gemma3 {
+        return None;
+    }
+    let size = cfg["sliding_window"].as_u64()? as usize;
+    // Newer configs list `layer_types`; Gemma 3's is "5 local, 1 global".
+    let pattern = cfg["sliding_window_pattern"].as_u64().map_or(6, |p| p as usize);
+    let local_rope_theta = cfg["rope_local_base_freq"].as_f64().unwrap_or(10_000.0) as f32;
+    Some(SlidingWindow { size, pattern, local_rope_theta })
 }
 
 fn gguf_rope_scaling(file: &GgufFile, arch: &str) -> Result<Option<Llama3RopeScaling>> {

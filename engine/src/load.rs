@@ -1,7 +1,7 @@
 //! Loading a whole model — weights, tokenizer, chat template, stop tokens —
 //! from a GGUF file or an HF directory, by path or cached name.
 
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{ChatTemplate, GEMMA_TURN_TEMPLATE};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
@@ -106,7 +106,11 @@ impl MetaSource for HfModelDir {
 
 fn gguf_meta(location: ModelLocation, file: &GgufFile) -> Result<ModelMeta> {
     let config = ModelConfig::from_gguf(file)?;
-    let tokenizer = Tokenizer::from_gguf_spec(gguf_tokenizer_spec(file)?)?;
+    let mut tokenizer = Tokenizer::from_gguf_spec(gguf_tokenizer_spec(file)?)?;
+    // Gemma ends a turn with `<end_of_turn>`, not EOS (llama.cpp stops there too).
+    if let Some(end_of_turn) = tokenizer.token_to_id(GEMMA_END_OF_TURN) {
+        tokenizer.add_eos_ids(&[end_of_turn]);
+    }
     let template = make_template(gguf_chat_template(file).as_deref(), &tokenizer)?;
     Ok(ModelMeta { location, config, tokenizer, template })
 }
@@ -127,12 +131,16 @@ fn hf_meta(location: ModelLocation, dir: &HfModelDir) -> Result<ModelMeta> {
     Ok(ModelMeta { location, config, tokenizer, template })
 }
 
+/// The control token that ends a Gemma turn.
+const GEMMA_END_OF_TURN: &str = "<end_of_turn>";
+
 fn make_template(source: Option<&str>, tok: &Tokenizer) -> Result<ChatTemplate> {
     let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
     let bos = tok.special_tokens().bos.clone().unwrap_or_else(|| name(tok.bos_id()));
     let eos = tok.special_tokens().eos.clone().unwrap_or_else(|| name(tok.eos_ids().first().copied()));
     match source {
         Some(src) => ChatTemplate::new(src, &bos, &eos),
+        None if tok.token_to_id(GEMMA_END_OF_TURN).is_some() => ChatTemplate::new(GEMMA_TURN_TEMPLATE, &bos, &eos),
         None => Ok(ChatTemplate::chatml_with_tokens(&bos, &eos)),
     }
 }

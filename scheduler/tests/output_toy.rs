@@ -94,6 +94,7 @@ pub fn toy() -> Tokenizer {
         pad_id: Some(ENDOFTEXT),
         add_bos: false,
         add_eos: false,
+        ..GgufTokenizerSpec::default()
     };
     Tokenizer::from_gguf_spec(spec).expect("toy tokenizer builds")
 }

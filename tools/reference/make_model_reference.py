@@ -135,7 +135,7 @@ def greedy_entry(fwd: nf.Forward, prompt_text, prompt_ids, eos_id, decode=None) 
 
 def model_summary(m: nf.Model) -> dict:
     c = m.config
-    return {
+    out = {
         "arch": c.arch, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size, "num_layers": c.num_layers,
         "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
@@ -143,6 +143,14 @@ def model_summary(m: nf.Model) -> dict:
         "rope_scaling": c.rope_scaling, "qk_norm": c.qk_norm, "tied_embeddings": m.tied,
         "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
     }
+    if c.arch == "gemma3":
+        out.update({
+            "embed_scale": c.embed_scale, "attn_scale": c.attn_scale, "mlp_activation": c.mlp_act,
+            "post_norms": True, "sliding_window": c.sliding_window,
+            "global_layers": [i for i, s in enumerate(c.sliding_layers) if not s],
+            "rope_local_theta": c.rope_local_theta,
+        })
+    return out
 
 
 def write(doc: dict, out: str):

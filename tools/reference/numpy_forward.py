@@ -2,8 +2,9 @@
 """Independent numpy reference forward pass for Llama-family decoders.
 
 This is a plain, readable re-implementation of the decoder as Hugging Face
-transformers defines it (LlamaForCausalLM / Qwen3ForCausalLM), written to
-produce reference logits for Spindle's tests. It shares no code with Spindle.
+transformers defines it (LlamaForCausalLM / Qwen3ForCausalLM, and the text
+part of Gemma 3, Gemma3ForCausalLM), written to produce reference logits for
+Spindle's tests. It shares no code with Spindle.
 
 Model pieces implemented:
   * RMSNorm:  w * x / sqrt(mean(x^2) + eps)
@@ -17,6 +18,12 @@ Model pieces implemented:
   * SwiGLU MLP: down(silu(gate(x)) * up(x))
   * final RMSNorm, lm_head (tied to the embedding when lm_head is absent or
     tie_word_embeddings is true)
+  * Gemma 3 (GGUF arch `gemma3` only): embeddings scaled by sqrt(hidden);
+    RMSNorm after attention and after the MLP (before the residual add);
+    GeGLU MLP down(gelu_tanh(gate(x)) * up(x)); attention scale
+    query_pre_attn_scalar^-0.5; sliding-window layers (a query at position p
+    sees keys j with p - j < window) with their own RoPE base (10000), every
+    6th layer global (full causal attention, rope.freq_base).
 
 All arithmetic is done in float64 by default (weights are upcast once at
 load time; every matmul, norm, softmax accumulates in float64). Pass
@@ -72,6 +79,13 @@ class Config:
     arch: str = "llama"
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[int] = None
+    # Gemma 3 parts; the defaults are the Llama/Qwen behaviour.
+    embed_scale: Optional[float] = None      # h = embed[ids] * embed_scale
+    attn_scale: Optional[float] = None       # None: 1/sqrt(head_dim)
+    mlp_act: str = "silu"                    # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    sliding_window: Optional[int] = None     # window of the sliding layers
+    sliding_layers: Optional[list] = None    # per layer: True = sliding, False = global
+    rope_local_theta: Optional[float] = None  # RoPE base of the sliding layers (no scaling)
 
 
 @dataclass
@@ -91,6 +105,8 @@ class Layer:
     bo: Optional[np.ndarray] = None
     q_norm: Optional[np.ndarray] = None   # [head_dim]
     k_norm: Optional[np.ndarray] = None   # [head_dim]
+    post_attn_norm: Optional[np.ndarray] = None  # Gemma 3: on the attention output
+    post_ffn_norm: Optional[np.ndarray] = None   # Gemma 3: on the MLP output
 
 
 @dataclass
@@ -168,6 +184,28 @@ def load_gguf(path: str, dtype=np.float64) -> Model:
         raise NotImplementedError(f"GGUF rope scaling type {stype}")
     rope_freqs = tensors.get("rope_freqs.weight")
 
+    if arch.startswith("gemma") and arch != "gemma3":
+        raise NotImplementedError(f"GGUF architecture {arch}")
+    gemma3 = {}
+    if arch == "gemma3":
+        # Gemma 3 as transformers' Gemma3TextModel defines it. The GGUF has no
+        # key for the layer pattern or the local RoPE base: llama.cpp hard-codes
+        # them for gemma3 (every 6th layer global; sliding layers rope base
+        # 10000), as do the HF configs of all Gemma 3 sizes. llama.cpp scales
+        # attention by 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim = 256
+        # for the 270M; only the 27B differs). The converter has already added
+        # 1 to every norm weight (HF's Gemma RMSNorm is x/rms * (1 + w)), so
+        # the GGUF norms are plain w * x/rms.
+        window = _gguf_field(reader, k("attention.sliding_window"))
+        gemma3 = dict(
+            embed_scale=math.sqrt(hidden),
+            attn_scale=1.0 / math.sqrt(head_dim),
+            mlp_act="gelu_tanh",
+            sliding_window=int(window),
+            sliding_layers=[(i + 1) % 6 != 0 for i in range(n_layers)],
+            rope_local_theta=10000.0,
+        )
+
     cfg = Config(
         vocab_size=embed.shape[0],
         hidden_size=hidden,
@@ -184,6 +222,7 @@ def load_gguf(path: str, dtype=np.float64) -> Model:
         arch=arch,
         bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+        **gemma3,
     )
 
     # Only llama.cpp's LlamaModel converter permutes Q/K (it is also used for
@@ -214,6 +253,8 @@ def load_gguf(path: str, dtype=np.float64) -> Model:
             bo=get(p + "attn_output.bias", False),
             q_norm=get(p + "attn_q_norm.weight", False),
             k_norm=get(p + "attn_k_norm.weight", False),
+            post_attn_norm=get(p + "post_attention_norm.weight", arch == "gemma3"),
+            post_ffn_norm=get(p + "post_ffw_norm.weight", arch == "gemma3"),
         ))
     lm_head = get("output.weight", False)
     tied = lm_head is None
@@ -264,6 +305,10 @@ def load_hf_dir(path: str, dtype=np.float64) -> Model:
         c = json.load(f)
     if "text_config" in c:  # multimodal wrappers
         c = {**c, **c["text_config"]}
+    if str(c.get("model_type", "")).startswith("gemma"):
+        # Gemma's norms (1 + w), post-norms and layer names are only read
+        # from GGUF here (load_gguf); refuse rather than load them wrongly.
+        raise NotImplementedError("Gemma HF directories (use the GGUF)")
 
     files = []
     index = os.path.join(path, "model.safetensors.index.json")
@@ -380,9 +425,19 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def rope_inv_freq(c: Config) -> np.ndarray:
-    """HF's inv_freq (float64), including llama3/linear scaling."""
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (HF "gelu_pytorch_tanh")."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def rope_inv_freq(c: Config, theta: Optional[float] = None) -> np.ndarray:
+    """HF's inv_freq (float64), including llama3/linear scaling.
+
+    With `theta` given (Gemma 3's sliding layers): that base, no scaling.
+    """
     d = c.head_dim
+    if theta is not None:
+        return 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     inv_freq = 1.0 / (c.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     rs = c.rope_scaling
     if rs:
@@ -435,7 +490,14 @@ class Forward:
         self.m = model
         self.c = model.config
         self.inv_freq = rope_inv_freq(self.c)
+        self.inv_freq_local = (rope_inv_freq(self.c, self.c.rope_local_theta)
+                               if self.c.rope_local_theta is not None else None)
         self.dtype = model.embed.dtype
+
+    def rope_cos_sin(self, inv_freq: np.ndarray, pos: np.ndarray):
+        freqs = np.outer(pos, inv_freq)                             # [T, hd/2]
+        emb = np.concatenate([freqs, freqs], axis=-1)               # [T, hd]
+        return np.cos(emb).astype(self.dtype), np.sin(emb).astype(self.dtype)
 
     def __call__(self, ids, cache: Optional[KVCache] = None) -> np.ndarray:
         """Run `ids` (new tokens) after whatever `cache` holds.
@@ -449,19 +511,27 @@ class Forward:
         if cache is None:
             cache = KVCache(c.num_layers)
         pos = np.arange(start, start + T, dtype=np.float64)
-        freqs = np.outer(pos, self.inv_freq)                       # [T, hd/2]
-        emb = np.concatenate([freqs, freqs], axis=-1)               # [T, hd]
-        cos, sin = np.cos(emb).astype(self.dtype), np.sin(emb).astype(self.dtype)
+        cos, sin = self.rope_cos_sin(self.inv_freq, pos)
+        if self.inv_freq_local is not None:
+            cos_local, sin_local = self.rope_cos_sin(self.inv_freq_local, pos)
 
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         group = nh // nkv
-        scale = 1.0 / math.sqrt(hd)
+        scale = c.attn_scale if c.attn_scale is not None else 1.0 / math.sqrt(hd)
         S = start + T
         # causal mask over [T, S]: query t (absolute start+t) sees keys <= start+t
-        mask = np.arange(S)[None, :] > (start + np.arange(T))[:, None]
+        q_pos = (start + np.arange(T))[:, None]
+        k_pos = np.arange(S)[None, :]
+        mask = k_pos > q_pos
+        if c.sliding_window is not None:
+            # sliding layers also hide keys at least `window` positions back
+            mask_sliding = mask | (q_pos - k_pos >= c.sliding_window)
 
         x = m.embed[ids]                                            # [T, H]
+        if c.embed_scale is not None:
+            x = x * c.embed_scale
         for i, L in enumerate(m.layers):
+            sliding = c.sliding_layers is not None and c.sliding_layers[i]
             h = rms_norm(x, L.attn_norm, c.rms_norm_eps)
             q = h @ L.wq.T
             k = h @ L.wk.T
@@ -479,22 +549,32 @@ class Forward:
             q = q.transpose(1, 0, 2)                                # [nh, T, hd]
             k = k.transpose(1, 0, 2)                                # [nkv, T, hd]
             v = v.transpose(1, 0, 2)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            if sliding:
+                q = q * cos_local + rotate_half(q) * sin_local
+                k = k * cos_local + rotate_half(k) * sin_local
+            else:
+                q = q * cos + rotate_half(q) * sin
+                k = k * cos + rotate_half(k) * sin
             K, V = cache.append(i, k, v)                            # [nkv, S, hd]
             K = np.repeat(K, group, axis=0)                         # [nh, S, hd]
             V = np.repeat(V, group, axis=0)
             scores = (q @ K.transpose(0, 2, 1)) * scale             # [nh, T, S]
-            scores = np.where(mask[None], -np.inf, scores)
+            scores = np.where((mask_sliding if sliding else mask)[None], -np.inf, scores)
             scores = scores - scores.max(axis=-1, keepdims=True)
             p = np.exp(scores)
             p = p / p.sum(axis=-1, keepdims=True)
             a = (p @ V).transpose(1, 0, 2).reshape(T, nh * hd)      # [T, nh*hd]
             o = a @ L.wo.T
             if L.bo is not None: o = o + L.bo
+            if L.post_attn_norm is not None:
+                o = rms_norm(o, L.post_attn_norm, c.rms_norm_eps)
             x = x + o
             h = rms_norm(x, L.ffn_norm, c.rms_norm_eps)
-            x = x + (silu(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
+            act = gelu_tanh if c.mlp_act == "gelu_tanh" else silu
+            f = (act(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
+            if L.post_ffn_norm is not None:
+                f = rms_norm(f, L.post_ffn_norm, c.rms_norm_eps)
+            x = x + f
         cache.length = S
         self.last_cache = cache
         x = rms_norm(x, m.final_norm, c.rms_norm_eps)

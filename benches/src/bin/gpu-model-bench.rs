@@ -49,6 +49,8 @@ fn llama_8b(layers: usize) -> ModelConfig {
         rope_style: RopeStyle::Neox,
         context_length: 131_072,
         tie_word_embeddings: false,
+        sliding_window: None,
+        query_pre_attn_scalar: None,
     }
 }
 

@@ -41,6 +41,12 @@ pub(crate) fn cuda_executor(
     options: &crate::open::EngineOptions,
     progress: crate::open::Progress<'_>,
 ) -> Result<Box<dyn crate::runner::Executor + Send>> {
+    if meta.config.sliding_window.is_some() || meta.config.post_norms() {
+        return Err(crate::error::EngineError::Backend(format!(
+            "{:?} models run on the CPU backend only for now (no sliding-window attention, GELU MLP or post-norms on CUDA yet); use --device cpu",
+            meta.config.family
+        )));
+    }
     #[cfg(feature = "cuda")]
     {
         let switches = cuda::CudaSwitches { cuda_graphs: options.cuda_graphs, cublas: options.cublas };
@@ -56,7 +62,7 @@ pub(crate) fn cuda_executor(
 }
 
 use crate::batch::ForwardBatch;
-use crate::config::{ArchFamily, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::ops::Rope;
 use crate::sampling::SampledToken;
@@ -208,6 +214,27 @@ pub trait Backend: Sized + Send {
     fn attention(&self, layer: usize, out: &mut Self::Tensor, q: &Self::Tensor, step: &Self::Step, rows: usize) -> Result<()>;
     /// `out = silu(gate) · up` over `rows × width` values.
     fn silu_mul(&self, out: &mut Self::Tensor, gate: &Self::Tensor, up: &Self::Tensor, rows: usize, width: usize) -> Result<()>;
+    /// `out = gelu_tanh(gate) · up` over `rows × width` values (Gemma).
+    fn gelu_tanh_mul(&self, out: &mut Self::Tensor, gate: &Self::Tensor, up: &Self::Tensor, rows: usize, width: usize) -> Result<()> {
+        let _ = (out, gate, up, rows, width);
+        Err(self.lacks("the GELU-tanh MLP"))
+    }
+    /// `x *= factor` over `rows × width` values (Gemma's embedding scale).
+    fn scale(&self, x: &mut Self::Tensor, rows: usize, width: usize, factor: f32) -> Result<()> {
+        let _ = (x, rows, width, factor);
+        Err(self.lacks("scaling activations"))
+    }
+    /// RoPE with the local layers' base frequency (sliding-window layers of
+    /// Gemma 3); [`Self::attention`] then masks beyond the layer's window.
+    fn rope_local(&self, x: &mut Self::Tensor, step: &Self::Step, rows: usize, heads: usize) -> Result<()> {
+        let _ = (x, step, rows, heads);
+        Err(self.lacks("sliding-window layers"))
+    }
+
+    /// The error for an operation this backend does not have.
+    fn lacks(&self, what: &str) -> crate::error::EngineError {
+        crate::error::EngineError::Backend(format!("{what} is not implemented on {}", self.describe()))
+    }
     /// The wanted rows of `hidden` (per the step) through `head` into `out`;
     /// `picked` is scratch for the gathered rows.
     fn logits(&self, out: &mut Self::Logits, picked: &mut Self::Tensor, hidden: &Self::Tensor, head: &Self::Weight, step: &Self::Step) -> Result<()>;
@@ -236,11 +263,11 @@ pub struct Workspace<B: Backend> {
     pub hn: B::Tensor,
     /// Queries.
     pub q: B::Tensor,
-    /// Queries after the per-head norm (Qwen3; empty otherwise).
+    /// Queries after the per-head norm (Qwen3, Gemma 3; empty otherwise).
     pub q_normed: B::Tensor,
     /// Keys.
     pub k: B::Tensor,
-    /// Keys after the per-head norm (Qwen3; empty otherwise).
+    /// Keys after the per-head norm (Qwen3, Gemma 3; empty otherwise).
     pub k_normed: B::Tensor,
     /// Values.
     pub v: B::Tensor,
@@ -248,6 +275,9 @@ pub struct Workspace<B: Backend> {
     pub attn: B::Tensor,
     /// A block's output before the residual add.
     pub o: B::Tensor,
+    /// A block's output after its own norm (Gemma's post-norms; empty
+    /// otherwise): then this, not `o`, joins the residual stream.
+    pub post: B::Tensor,
     /// MLP gate.
     pub gate: B::Tensor,
     /// MLP up.
@@ -265,7 +295,7 @@ impl<B: Backend> Workspace<B> {
     pub fn new(b: &B, c: &ModelConfig, capacity: usize, logit_capacity: usize) -> Result<Self> {
         let rows = capacity.max(1);
         let (h, ff) = (c.hidden_size, c.intermediate_size);
-        let qk_norm = c.family == ArchFamily::Qwen3;
+        let qk_norm = c.qk_norm();
         Ok(Self {
             capacity,
             logit_capacity,
@@ -278,6 +308,7 @@ impl<B: Backend> Workspace<B> {
             v: b.tensor(rows, c.kv_dim())?,
             attn: b.tensor(rows, c.q_dim())?,
             o: b.tensor(rows, h)?,
+            post: b.tensor(if c.post_norms() { rows } else { 0 }, h)?,
             gate: b.tensor(rows, ff)?,
             up: b.tensor(rows, ff)?,
             act: b.tensor(rows, ff)?,

@@ -38,6 +38,11 @@ const RAISED: &str = "\u{1}raise_exception\u{1}";
 /// (the `default_chat_template` transformers used to fall back to).
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/// Gemma's turn format, for Gemma vocabularies whose file carries no
+/// template (the base models): BOS, then `<start_of_turn>user|model`
+/// turns; system text is a user turn.
+pub const GEMMA_TURN_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = 'user' %}{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
+
 /// A compiled chat template plus the BOS/EOS text it is rendered with.
 #[derive(Debug)]
 pub struct ChatTemplate {

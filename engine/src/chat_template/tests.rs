@@ -206,3 +206,14 @@ fn tool_calls_template_like_hf() {
         r#"weather?<call>{"arguments": {"city": "Paris"}, "name": "get_weather"}</call><resp>sunny</resp>"#
     );
 }
+
+#[test]
+fn the_gemma_turn_default_renders_bos_turns_and_the_model_prompt() {
+    let t = ChatTemplate::new(GEMMA_TURN_TEMPLATE, "<bos>", "<eos>").unwrap();
+    let messages = [json!({"role": "system", "content": "Be brief."}), json!({"role": "user", "content": " Hi "}), json!({"role": "assistant", "content": "Hello."})];
+    let text = t.render(&messages, None, true).unwrap();
+    assert_eq!(
+        text,
+        "<bos><start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n<start_of_turn>model\n"
+    );
+}

@@ -1,10 +1,11 @@
-//! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3):
+//! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3,
+//! Gemma 3):
 //! its weights over any [`Backend`], loaded once from GGUF or HF names, and
 //! the one copy of its layer loop ([`LlamaWeights::pass`]).
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Workspace};
-use crate::config::{ArchFamily, ModelConfig};
+use crate::config::{Activation, ArchFamily, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::model::linear::tensor_to_f32;
 use crate::model::MatmulPrecision;
@@ -31,6 +32,12 @@ pub(crate) enum Part {
     QNorm,
     KNorm,
     FfnNorm,
+    /// Gemma's norm before the MLP (HF names it apart from Llama's).
+    PreFfnNorm,
+    /// Gemma's norm of the attention output.
+    PostAttnNorm,
+    /// Gemma's norm of the MLP output.
+    PostFfnNorm,
     Gate,
     Up,
     Down,
@@ -47,6 +54,9 @@ impl WeightNaming {
             Part::QNorm => ("attn_q_norm", "self_attn.q_norm"),
             Part::KNorm => ("attn_k_norm", "self_attn.k_norm"),
             Part::FfnNorm => ("ffn_norm", "post_attention_layernorm"),
+            Part::PreFfnNorm => ("ffn_norm", "pre_feedforward_layernorm"),
+            Part::PostAttnNorm => ("post_attention_norm", "post_attention_layernorm"),
+            Part::PostFfnNorm => ("post_ffw_norm", "post_feedforward_layernorm"),
             Part::Gate => ("ffn_gate", "mlp.gate_proj"),
             Part::Up => ("ffn_up", "mlp.up_proj"),
             Part::Down => ("ffn_down", "mlp.down_proj"),
@@ -79,6 +89,8 @@ pub struct LlamaLayer<B: Backend> {
     q_norm: Option<B::Vector>,
     k_norm: Option<B::Vector>,
     ffn_norm: B::Vector,
+    post_attn_norm: Option<B::Vector>,
+    post_ffn_norm: Option<B::Vector>,
     gate: B::Weight,
     up: B::Weight,
     down: B::Weight,
@@ -161,6 +173,9 @@ struct Loader<'a, B: Backend, T: Tensors> {
     backend: &'a B,
     src: T,
     naming: WeightNaming,
+    /// Added to every norm weight: 1 for Gemma's HF `(1 + w)` norms
+    /// (llama.cpp's converter already added it to GGUF files).
+    norm_shift: f32,
 }
 
 impl<B: Backend, T: Tensors> Loader<'_, B, T> {
@@ -174,8 +189,12 @@ impl<B: Backend, T: Tensors> Loader<'_, B, T> {
         Ok(out)
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
-        self.backend.load_vector(self.values(name, len)?)
+    fn norm(&self, name: &str, len: usize) -> Result<B::Vector> {
+        let mut values = self.values(name, len)?;
+        if self.norm_shift != 0.0 {
+            values.iter_mut().for_each(|v| *v += self.norm_shift);
+        }
+        self.backend.load_vector(values)
     }
 
     fn linear(&self, name: &str, rows: usize, cols: usize, bias: Option<Vec<f32>>) -> Result<B::Weight> {
@@ -191,7 +210,7 @@ impl<B: Backend, T: Tensors> Loader<'_, B, T> {
     fn layer(&self, i: usize, c: &ModelConfig) -> Result<LlamaLayer<B>> {
         let n = |p| self.naming.layer(i, p, "weight");
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let qk_norm = c.family == ArchFamily::Qwen3;
+        let qk_norm = c.qk_norm();
         let bias = |p: Part, len: usize| -> Result<Option<Vec<f32>>> {
             if c.family == ArchFamily::Qwen2 {
                 Ok(Some(self.values(&self.naming.layer(i, p, "bias"), len)?))
@@ -199,15 +218,19 @@ impl<B: Backend, T: Tensors> Loader<'_, B, T> {
                 Ok(None)
             }
         };
+        let optional_norm = |wanted: bool, p: Part, len: usize| -> Result<Option<B::Vector>> { if wanted { Some(self.norm(&n(p), len)).transpose() } else { Ok(None) } };
+        let ffn_norm = if c.post_norms() { Part::PreFfnNorm } else { Part::FfnNorm };
         Ok(LlamaLayer {
-            attn_norm: self.vector(&n(Part::AttnNorm), h)?,
+            attn_norm: self.norm(&n(Part::AttnNorm), h)?,
             wq: self.linear(&n(Part::Q), q, h, bias(Part::Q, q)?)?,
             wk: self.linear(&n(Part::K), kv, h, bias(Part::K, kv)?)?,
             wv: self.linear(&n(Part::V), kv, h, bias(Part::V, kv)?)?,
             wo: self.linear(&n(Part::O), h, q, None)?,
-            q_norm: if qk_norm { Some(self.vector(&n(Part::QNorm), c.head_dim)?) } else { None },
-            k_norm: if qk_norm { Some(self.vector(&n(Part::KNorm), c.head_dim)?) } else { None },
-            ffn_norm: self.vector(&n(Part::FfnNorm), h)?,
+            q_norm: optional_norm(qk_norm, Part::QNorm, c.head_dim)?,
+            k_norm: optional_norm(qk_norm, Part::KNorm, c.head_dim)?,
+            ffn_norm: self.norm(&n(ffn_norm), h)?,
+            post_attn_norm: optional_norm(c.post_norms(), Part::PostAttnNorm, h)?,
+            post_ffn_norm: optional_norm(c.post_norms(), Part::PostFfnNorm, h)?,
             gate: self.linear(&n(Part::Gate), ff, h, None)?,
             up: self.linear(&n(Part::Up), ff, h, None)?,
             down: self.linear(&n(Part::Down), h, ff, None)?,
@@ -219,7 +242,8 @@ impl<B: Backend> LlamaWeights<B> {
     /// Loads every weight `config` calls for from `src` onto `backend`,
     /// calling `progress(done, total)` after each layer.
     pub fn load(backend: &B, config: ModelConfig, src: &dyn TensorSource, naming: WeightNaming, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
-        Self::load_from(Loader { backend, src, naming }, config, progress)
+        let norm_shift = if naming == WeightNaming::Hf && config.family == ArchFamily::Gemma3 { 1.0 } else { 0.0 };
+        Self::load_from(Loader { backend, src, naming, norm_shift }, config, progress)
     }
 
     /// Random weights of `config`'s shapes from `seed` (see
@@ -227,7 +251,7 @@ impl<B: Backend> LlamaWeights<B> {
     /// real architectures without a file.
     pub fn random(backend: &B, config: ModelConfig, seed: u64) -> Result<Self> {
         let src = RandomTensors { state: std::cell::Cell::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1), tied: config.tie_word_embeddings };
-        Self::load_from(Loader { backend, src, naming: WeightNaming::Gguf }, config, &mut |_, _| {})
+        Self::load_from(Loader { backend, src, naming: WeightNaming::Gguf, norm_shift: 0.0 }, config, &mut |_, _| {})
     }
 
     fn load_from<T: Tensors>(loader: Loader<'_, B, T>, config: ModelConfig, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
@@ -246,7 +270,7 @@ impl<B: Backend> LlamaWeights<B> {
         } else {
             return Err(EngineError::MissingTensor(head_name.to_string()));
         };
-        Ok(Self { final_norm: loader.vector(naming.global("norm"), config.hidden_size)?, config, embed, layers, lm_head })
+        Ok(Self { final_norm: loader.norm(naming.global("norm"), config.hidden_size)?, config, embed, layers, lm_head })
     }
 
     /// The model's hyper-parameters.
@@ -280,12 +304,18 @@ impl<B: Backend> LlamaWeights<B> {
         let c = &self.config;
         let (t, h, eps) = (rows, c.hidden_size, c.rms_norm_eps);
         b.embed(&mut ws.x, &self.embed, step, t)?;
+        if let Some(factor) = c.embedding_scale() {
+            b.scale(&mut ws.x, t, h, factor)?;
+        }
+        // A block's output joins the residual stream through its post-norm
+        // (`ws.post`) where the model has one, else as it is (`ws.o`).
+        let post = c.post_norms();
         for (li, layer) in self.layers.iter().enumerate() {
             // The residual add of the previous block is fused into this norm.
             if li == 0 {
                 b.add_rms_norm(&mut ws.hn, None, &ws.x, &layer.attn_norm, t, h, eps)?;
             } else {
-                b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), &ws.o, &layer.attn_norm, t, h, eps)?;
+                b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), if post { &ws.post } else { &ws.o }, &layer.attn_norm, t, h, eps)?;
             }
             b.linear_many(&ws.hn, t, &mut [(&layer.wq, &mut ws.q), (&layer.wk, &mut ws.k), (&layer.wv, &mut ws.v)])?;
             let (q, k) = match (&layer.q_norm, &layer.k_norm) {
@@ -296,17 +326,31 @@ impl<B: Backend> LlamaWeights<B> {
                 }
                 _ => (&mut ws.q, &mut ws.k),
             };
-            b.rope(q, step, t, c.num_heads)?;
-            b.rope(k, step, t, c.num_kv_heads)?;
+            if c.layer_window(li).is_some() {
+                b.rope_local(q, step, t, c.num_heads)?;
+                b.rope_local(k, step, t, c.num_kv_heads)?;
+            } else {
+                b.rope(q, step, t, c.num_heads)?;
+                b.rope(k, step, t, c.num_kv_heads)?;
+            }
             b.kv_write(li, k, &ws.v, step, t)?;
             b.attention(li, &mut ws.attn, q, step, t)?;
             b.linear(&mut ws.o, &ws.attn, &layer.wo, t)?;
-            b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), &ws.o, &layer.ffn_norm, t, h, eps)?;
+            if let Some(norm) = &layer.post_attn_norm {
+                b.add_rms_norm(&mut ws.post, None, &ws.o, norm, t, h, eps)?;
+            }
+            b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), if post { &ws.post } else { &ws.o }, &layer.ffn_norm, t, h, eps)?;
             b.linear_many(&ws.hn, t, &mut [(&layer.gate, &mut ws.gate), (&layer.up, &mut ws.up)])?;
-            b.silu_mul(&mut ws.act, &ws.gate, &ws.up, t, c.intermediate_size)?;
+            match c.activation() {
+                Activation::Silu => b.silu_mul(&mut ws.act, &ws.gate, &ws.up, t, c.intermediate_size)?,
+                Activation::GeluTanh => b.gelu_tanh_mul(&mut ws.act, &ws.gate, &ws.up, t, c.intermediate_size)?,
+            }
             b.linear(&mut ws.o, &ws.act, &layer.down, t)?;
+            if let Some(norm) = &layer.post_ffn_norm {
+                b.add_rms_norm(&mut ws.post, None, &ws.o, norm, t, h, eps)?;
+            }
         }
-        b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), &ws.o, &self.final_norm, t, h, eps)?;
+        b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), if post { &ws.post } else { &ws.o }, &self.final_norm, t, h, eps)?;
         b.logits(&mut ws.logits, &mut ws.picked, &ws.hn, self.lm_head.as_ref().unwrap_or(&self.embed), step)
     }
 }

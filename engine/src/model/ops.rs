@@ -34,6 +34,16 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// `gelu_tanh(gate) · up` elementwise into `out` (the tanh approximation,
+/// as HF's `gelu_pytorch_tanh`).
+pub fn gelu_tanh_mul(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+        *o = 0.5 * g * (1.0 + inner.tanh()) * u;
+    }
+}
+
 /// Precomputed RoPE inverse frequencies for one model.
 #[derive(Debug, Clone)]
 pub struct Rope {
@@ -64,13 +74,18 @@ impl RopeAngles {
 impl Rope {
     /// Frequencies from the model config (incl. Llama 3 scaling).
     pub fn new(config: &ModelConfig) -> Self {
-        let half = config.head_dim / 2;
-        let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / config.rope_theta.powf(2.0 * i as f32 / config.head_dim as f32))
-            .collect();
+        let mut rope = Self::with_base(config, config.rope_theta);
         if let Some(s) = &config.rope_scaling {
-            llama3_scale(&mut inv_freq, s);
+            llama3_scale(&mut rope.inv_freq, s);
         }
+        rope
+    }
+
+    /// Unscaled frequencies of base `theta` for `config`'s heads (Gemma 3's
+    /// local layers).
+    pub fn with_base(config: &ModelConfig, theta: f32) -> Self {
+        let half = config.head_dim / 2;
+        let inv_freq = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f32 / config.head_dim as f32)).collect();
         Self { inv_freq, style: config.rope_style }
     }
 
@@ -159,6 +174,18 @@ mod tests {
     }
 
     #[test]
+    fn gelu_tanh_matches_known_values() {
+        let gate = [0.0f32, 1.0, -1.0, 3.0];
+        let mut out = [0f32; 4];
+        gelu_tanh_mul(&mut out, &gate, &[1.0, 1.0, 1.0, 2.0]);
+        // torch.nn.functional.gelu(x, approximate="tanh") at 0, 1, -1 and 3 (times 2).
+        let want = [0.0, 0.841_192, -0.158_808, 2.0 * 2.996_363];
+        for (o, w) in out.iter().zip(want) {
+            assert!((o - w).abs() < 1e-5, "{out:?}");
+        }
+    }
+
+    #[test]
     fn interleaved_and_neox_agree_up_to_permutation() {
         let cfg = |style| ModelConfig {
             family: crate::config::ArchFamily::Llama,
@@ -175,6 +202,8 @@ mod tests {
             rope_style: style,
             context_length: 16,
             tie_word_embeddings: true,
+            sliding_window: None,
+            query_pre_attn_scalar: None,
         };
         let neox = Rope::new(&cfg(RopeStyle::Neox));
         let inter = Rope::new(&cfg(RopeStyle::Interleaved));

@@ -13,15 +13,18 @@ use super::tok_err;
 use crate::error::{EngineError, Result};
 use crate::gguf::{GgufFile, MetadataValue};
 
+/// `tokenizer.ggml.token_type` value of an ordinary token.
+pub const TOKEN_TYPE_NORMAL: i32 = 1;
 /// `tokenizer.ggml.token_type` value of a control token (`<|im_start|>`).
 pub const TOKEN_TYPE_CONTROL: i32 = 3;
 /// `tokenizer.ggml.token_type` value of a user-defined token (`<think>`).
 pub const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// The tokenizer described by a GGUF file's `tokenizer.ggml.*` keys.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufTokenizerSpec {
-    /// `tokenizer.ggml.model`, e.g. `"gpt2"` (byte-level BPE).
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"`
+    /// (SentencePiece with byte fallback).
     pub model: String,
     /// `tokenizer.ggml.pre`, the pre-tokenizer name, e.g. `"smollm"`.
     pub pre: Option<String>,
@@ -44,6 +47,12 @@ pub struct GgufTokenizerSpec {
     pub add_bos: bool,
     /// `tokenizer.ggml.add_eos_token`: append EOS when encoding.
     pub add_eos: bool,
+    /// `tokenizer.ggml.scores`, one per token (SentencePiece: the merge
+    /// order); may be empty for `gpt2`.
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece): a space in front
+    /// of the text before encoding.
+    pub add_space_prefix: bool,
 }
 
 /// Llama 3's split regex (`llama-bpe`), as in its `tokenizer.json`.
@@ -163,10 +172,10 @@ fn token_type(spec: &GgufTokenizerSpec, id: usize) -> i32 {
 }
 
 fn check_spec(spec: &GgufTokenizerSpec) -> Result<()> {
-    if spec.model != "gpt2" {
+    if spec.model != "gpt2" && spec.model != "llama" {
         return Err(EngineError::Tokenizer(format!(
-            "unsupported GGUF tokenizer model `{}` (tokenizer.ggml.model); only `gpt2` \
-             (byte-level BPE) is implemented",
+            "unsupported GGUF tokenizer model `{}` (tokenizer.ggml.model); supported: `gpt2` \
+             (byte-level BPE), `llama` (SentencePiece)",
             spec.model
         )));
     }
@@ -250,23 +259,7 @@ fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>> {
 /// Builds the HF tokenizer (model, pre-tokenizer, decoder, added tokens).
 pub(super) fn build_hf_tokenizer(spec: &GgufTokenizerSpec) -> Result<tokenizers::Tokenizer> {
     check_spec(spec)?;
-    let kind = pre_kind(spec.pre.as_deref())?;
-    let ignore_merges = matches!(
-        kind,
-        PreKind::Regex {
-            ignore_merges: true,
-            ..
-        }
-    );
-    let bpe = BPE::builder()
-        .vocab_and_merges(build_vocab(spec)?, parse_merges(&spec.merges)?)
-        .ignore_merges(ignore_merges)
-        .build()
-        .map_err(|e| tok_err("cannot build BPE from GGUF vocabulary", e))?;
-    let mut hf = tokenizers::Tokenizer::new(bpe);
-    hf.with_pre_tokenizer(Some(pre_tokenizer(kind)?));
-    hf.with_decoder(Some(ByteLevel::default()));
-
+    let mut hf = if spec.model == "llama" { sentencepiece(spec)? } else { byte_level_bpe(spec)? };
     let added = |wanted: i32, special: bool| -> Vec<AddedToken> {
         spec.tokens
             .iter()
@@ -286,6 +279,29 @@ pub(super) fn build_hf_tokenizer(spec: &GgufTokenizerSpec) -> Result<tokenizers:
             "GGUF vocabulary size changed"
         );
     }
+    Ok(hf)
+}
+
+/// GPT-2 style: a pre-tokenizer split, then byte-level BPE over the merges.
+fn byte_level_bpe(spec: &GgufTokenizerSpec) -> Result<tokenizers::Tokenizer> {
+    let kind = pre_kind(spec.pre.as_deref())?;
+    let ignore_merges = matches!(kind, PreKind::Regex { ignore_merges: true, .. });
+    let bpe = BPE::builder()
+        .vocab_and_merges(build_vocab(spec)?, parse_merges(&spec.merges)?)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| tok_err("cannot build BPE from GGUF vocabulary", e))?;
+    let mut hf = tokenizers::Tokenizer::new(bpe);
+    hf.with_pre_tokenizer(Some(pre_tokenizer(kind)?));
+    hf.with_decoder(Some(ByteLevel::default()));
+    Ok(hf)
+}
+
+/// SentencePiece: no pre-tokenizer, spaces as `▁`, merges by score.
+fn sentencepiece(spec: &GgufTokenizerSpec) -> Result<tokenizers::Tokenizer> {
+    let mut hf = tokenizers::Tokenizer::new(super::spm::spm_model(spec)?);
+    hf.with_normalizer(Some(super::spm::spm_normalizer(spec)?));
+    hf.with_decoder(Some(super::spm::spm_decoder(spec)?));
     Ok(hf)
 }
 
@@ -312,6 +328,14 @@ fn string_array(file: &GgufFile, key: &str, required: bool) -> Result<Vec<String
                 .ok_or_else(|| key_err(key, "holds a non-string"))
         })
         .collect()
+}
+
+fn f32_array(file: &GgufFile, key: &str) -> Result<Vec<f32>> {
+    let Some(value) = file.get(key) else {
+        return Ok(Vec::new());
+    };
+    let items = value.as_array().ok_or_else(|| key_err(key, "is not an array"))?;
+    items.iter().map(|v| v.as_f64().map(|x| x as f32).ok_or_else(|| key_err(key, "holds a non-number"))).collect()
 }
 
 fn optional_id(file: &GgufFile, key: &str) -> Result<Option<u32>> {
@@ -373,6 +397,8 @@ pub fn gguf_tokenizer_spec(file: &GgufFile) -> Result<GgufTokenizerSpec> {
         pad_id: optional_id(file, "tokenizer.ggml.padding_token_id")?,
         add_bos: optional_bool(file, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_bos),
         add_eos: optional_bool(file, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+        scores: f32_array(file, "tokenizer.ggml.scores")?,
+        add_space_prefix: optional_bool(file, "tokenizer.ggml.add_space_prefix")?.unwrap_or(model == "llama"),
         model,
         pre,
     })

@@ -7,12 +7,13 @@
 //! * [`Tokenizer::from_file`] loads a `tokenizer.json`; the special tokens come
 //!   from `tokenizer_config.json`, read by the caller and passed in as
 //!   [`SpecialTokens`].
-//! * [`Tokenizer::from_gguf_spec`] builds a byte-level BPE tokenizer from the
-//!   GGUF `tokenizer.ggml.*` arrays ([`GgufTokenizerSpec`], filled by
+//! * [`Tokenizer::from_gguf_spec`] builds a byte-level BPE or a SentencePiece
+//!   tokenizer from the GGUF `tokenizer.ggml.*` arrays ([`GgufTokenizerSpec`], filled by
 //!   [`gguf_tokenizer_spec`]).
 
 mod gguf;
 mod incremental;
+mod spm;
 
 pub use gguf::{
     gguf_chat_template, gguf_tokenizer_spec, GgufTokenizerSpec, TOKEN_TYPE_CONTROL,

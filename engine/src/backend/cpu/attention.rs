@@ -16,13 +16,17 @@ pub struct HeadShape {
     pub num_kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// The factor attention logits are multiplied by (usually `1/√head_dim`).
+    pub scale: f32,
 }
 
 const QUERY_CHUNK: usize = 16;
 
-/// `out[t, h] = softmax(q[t, h] · K[..=pos(t)] / √d) · V[..=pos(t)]` for every
-/// row `t` of the step; `q` and `out` are `[rows, num_heads * head_dim]`.
-pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, layout: &StepLayout, shape: HeadShape) {
+/// `out[t, h] = softmax(q[t, h] · K[first..=pos(t)] · scale) · V[first..=pos(t)]`
+/// for every row `t` of the step, where `first` is 0, or with a `window`
+/// the first of the last `window` positions (blocks wholly before it are
+/// not read); `q` and `out` are `[rows, num_heads * head_dim]`.
+pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, layout: &StepLayout, shape: HeadShape, window: Option<usize>) {
     let tasks: Vec<(usize, usize, usize)> = (0..layout.num_seqs())
         .flat_map(|s| {
             let rows = layout.seq_rows(s);
@@ -41,7 +45,9 @@ pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, la
         for t in first..last {
             let row = t * width + h * shape.head_dim;
             let qh = &q[row..row + shape.head_dim];
-            let blocks = KeyBlocks { table: layout.table(s), block_size: layout.block_size, positions: layout.positions[t] + 1 };
+            let positions = layout.positions[t] + 1;
+            let first = window.map_or(0, |w| positions.saturating_sub(w));
+            let blocks = KeyBlocks { table: layout.table(s), block_size: layout.block_size, first, positions };
             attend_one(qh, blocks, keys, values, h, shape, &mut scratch, &mut acc);
             // SAFETY: (t, h) is owned by exactly this task; row + head_dim <= out.len() (asserted above).
             unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out_ptr.get().add(row), shape.head_dim) };
@@ -56,11 +62,12 @@ struct Scratch {
     starts: Vec<usize>,
 }
 
-/// The cache slots of a sequence's first `positions` positions.
+/// The cache slots of a sequence's positions `first..positions`.
 #[derive(Clone, Copy)]
 struct KeyBlocks<'a> {
     table: &'a [i32],
     block_size: usize,
+    first: usize,
     positions: usize,
 }
 
@@ -68,15 +75,13 @@ impl KeyBlocks<'_> {
     /// `slot · kv_dim + col` of every position, in order.
     fn fill_starts(self, starts: &mut Vec<usize>, kv_dim: usize, col: usize) {
         starts.clear();
-        let mut left = self.positions;
-        for &block in self.table {
-            if left == 0 {
-                break;
-            }
-            let n = left.min(self.block_size);
-            let first = block as usize * self.block_size;
-            starts.extend((first..first + n).map(|slot| slot * kv_dim + col));
-            left -= n;
+        let bs = self.block_size;
+        let blocks = self.table.iter().enumerate().skip(self.first / bs);
+        for (i, &block) in blocks.take_while(|&(i, _)| i * bs < self.positions) {
+            let from = (i * bs).max(self.first);
+            let to = ((i + 1) * bs).min(self.positions);
+            let slot = |pos: usize| block as usize * bs + (pos - i * bs);
+            starts.extend((from..to).map(|pos| slot(pos) * kv_dim + col));
         }
     }
 }
@@ -96,7 +101,7 @@ fn attend_one(
     let kv_dim = shape.num_kv_heads * shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
     let col = (head / group) * shape.head_dim;
-    let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    let scale = shape.scale;
     blocks.fill_starts(&mut scratch.starts, kv_dim, col);
     scratch.scores.clear();
     scratch.scores.extend(scratch.starts.iter().map(|&k| simd::dot(qh, &keys[k..k + shape.head_dim]) * scale));
@@ -109,4 +114,29 @@ fn attend_one(
         *s *= inv;
     }
     simd::weighted_sum(acc, &scratch.scores, values, &scratch.starts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn starts(first: usize, positions: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        KeyBlocks { table: &[5, 2, 9], block_size: 4, first, positions }.fill_starts(&mut out, 1, 0);
+        out
+    }
+
+    #[test]
+    fn key_slots_follow_the_block_table() {
+        assert_eq!(starts(0, 5), vec![20, 21, 22, 23, 8], "block 5 whole, then the first slot of block 2");
+        assert_eq!(starts(0, 12), vec![20, 21, 22, 23, 8, 9, 10, 11, 36, 37, 38, 39]);
+    }
+
+    #[test]
+    fn a_window_skips_the_positions_before_it_and_whole_blocks() {
+        // Positions 6..11: the last two of block 2, then three of block 9; block 5 is never read.
+        assert_eq!(starts(6, 11), vec![10, 11, 36, 37, 38]);
+        assert_eq!(starts(8, 9), vec![36], "one position, in the third block");
+        assert_eq!(starts(0, 0), Vec::<usize>::new());
+    }
 }

@@ -10,7 +10,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kv::KvPool;
 use crate::model::linear::{matmul_many, MatmulJob};
-use crate::model::ops::{add_in_place, rms_norm_into, Rope, RopeAngles};
+use crate::model::ops::{add_in_place, gelu_tanh_mul, rms_norm_into, Rope, RopeAngles};
 use crate::model::{Linear, MatmulPrecision};
 use crate::weights::TensorView;
 use attention::{paged_attention, HeadShape};
@@ -22,6 +22,8 @@ pub struct CpuBackend {
     kv: Option<KvPool>,
     shape: Option<HeadShape>,
     config: Option<ModelConfig>,
+    /// RoPE of the sliding-window layers, where the model has them.
+    local_rope: Option<Rope>,
     workspace: Option<Workspace<CpuBackend>>,
 }
 
@@ -37,6 +39,8 @@ pub struct CpuStep {
     layout: StepLayout,
     angles: RopeAngles,
     rope: Rope,
+    /// The local layers' RoPE and its angles (Gemma 3).
+    local: Option<(Rope, RopeAngles)>,
 }
 
 impl CpuBackend {
@@ -59,7 +63,8 @@ impl CpuBackend {
     /// `c` (replacing any earlier one).
     pub fn attach_pool(&mut self, c: &ModelConfig, num_blocks: usize, block_size: usize) -> KvGeometry {
         self.kv = Some(KvPool::new(c.num_layers, num_blocks, block_size, c.kv_dim()));
-        self.shape = Some(HeadShape { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim });
+        self.shape = Some(HeadShape { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim, scale: c.attention_scale() });
+        self.local_rope = c.sliding_window.map(|w| Rope::with_base(c, w.local_rope_theta));
         self.workspace = None;
         self.config = Some(c.clone());
         self.kv_geometry()
@@ -130,7 +135,8 @@ impl Backend for CpuBackend {
 
     fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, _device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
         let (rows, logit_rows) = (layout.num_rows(), layout.rows.len());
-        let step = CpuStep { angles: rope.angles(&layout.positions), rope: rope.clone(), layout };
+        let local = self.local_rope.as_ref().map(|r| (r.clone(), r.angles(&layout.positions)));
+        let step = CpuStep { angles: rope.angles(&layout.positions), rope: rope.clone(), local, layout };
         let config = self.config.as_ref().ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
         let vocab = config.vocab_size;
         let mut ws = Workspace::reuse_or_grow(self.workspace.take(), self, config, rows, logit_rows)?;
@@ -172,6 +178,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn rope_local(&self, x: &mut Vec<f32>, step: &CpuStep, rows: usize, heads: usize) -> Result<()> {
+        let (rope, angles) = step.local.as_ref().ok_or_else(|| EngineError::Backend("this model has no sliding-window layers".into()))?;
+        rope.apply(&mut x[..rows * heads * rope.head_dim()], angles, heads);
+        Ok(())
+    }
+
     fn kv_write(&mut self, layer: usize, k: &Vec<f32>, v: &Vec<f32>, step: &CpuStep, rows: usize) -> Result<()> {
         let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
         let d = kv.kv_dim();
@@ -183,7 +195,8 @@ impl Backend for CpuBackend {
 
     fn attention(&self, layer: usize, out: &mut Vec<f32>, q: &Vec<f32>, step: &CpuStep, _rows: usize) -> Result<()> {
         let shape = self.shape.ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
-        paged_attention(q, out, self.pool()?, layer, &step.layout, shape);
+        let window = self.config.as_ref().and_then(|c| c.layer_window(layer));
+        paged_attention(q, out, self.pool()?, layer, &step.layout, shape, window);
         Ok(())
     }
 
@@ -192,6 +205,17 @@ impl Backend for CpuBackend {
         for ((o, g), u) in out[..n].iter_mut().zip(&gate[..n]).zip(&up[..n]) {
             *o = *g / (1.0 + (-*g).exp()) * u;
         }
+        Ok(())
+    }
+
+    fn gelu_tanh_mul(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
+        let n = rows * width;
+        gelu_tanh_mul(&mut out[..n], &gate[..n], &up[..n]);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, rows: usize, width: usize, factor: f32) -> Result<()> {
+        x[..rows * width].iter_mut().for_each(|v| *v *= factor);
         Ok(())
     }
 
