@@ -42,7 +42,7 @@ use fenced::Fenced;
 use super::tool_stream::{match_head, ArgScanner, Head};
 use super::constrain::{CallFormat, MISTRAL_MARKER};
 use super::tools::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
-use crate::protocol::mapper::{new_call_id, MapperInput};
+use crate::protocol::mapper::{new_call_id, FinishKind, MapperInput};
 use crate::protocol::{LogProb, ResponseObject, ToolChoice, ToolChoiceMode};
 use serde_json::Value;
 
@@ -112,6 +112,9 @@ pub struct ToolCallParser {
     /// Log-probabilities of tokens whose text is not emitted yet: they go
     /// with the next text emitted, or are dropped when the text is a call.
     logprobs: Vec<LogProb>,
+    /// The output was cut by a token limit: text held back as the start of
+    /// a call tag is that call's unfinished start, not text.
+    cut: bool,
 }
 
 impl ToolCallParser {
@@ -138,6 +141,7 @@ impl ToolCallParser {
             list_next: false,
             schemas: None,
             logprobs: Vec::new(),
+            cut: false,
         }
     }
 
@@ -209,6 +213,7 @@ impl ToolCallParser {
                 self.push(&text)
             }
             finished @ MapperInput::Finished { .. } => {
+                self.cut = matches!(&finished, MapperInput::Finished { reason: FinishKind::MaxOutputTokens | FinishKind::ContextLength, .. });
                 let mut out = self.finish();
                 out.push(finished);
                 out
@@ -304,7 +309,12 @@ impl ToolCallParser {
             return true;
         }
         if end {
-            let rest = std::mem::take(&mut self.buf);
+            let mut rest = std::mem::take(&mut self.buf);
+            let unfinished_tag = partial_suffix(&rest, open);
+            if self.cut && unfinished_tag > 0 {
+                rest.truncate(rest.len() - unfinished_tag);
+                rest.truncate(rest.trim_end().len());
+            }
             self.emit_text(&rest, out);
             return false;
         }

@@ -93,6 +93,26 @@ fn a_streamed_call_cut_off_by_the_token_limit_stays_open() {
 }
 
 #[test]
+fn the_start_of_a_call_cut_off_by_the_token_limit_is_not_text() {
+    let finished = |reason| MapperInput::Finished { reason, usage: Default::default() };
+    // A second call cut off after its tag's first character: no stray "<".
+    let mut p = parser();
+    let mut inputs = p.route(MapperInput::TextDelta(format!("{CALL_A}\n<")));
+    inputs.extend(p.route(finished(FinishKind::MaxOutputTokens)));
+    assert_eq!(summary(&inputs[..inputs.len() - 1]), [r#"get_weather({"city": "Paris"})"#], "{inputs:?}");
+    // Text before the cut-off tag stays.
+    let mut p = parser();
+    let mut inputs = p.route(MapperInput::TextDelta("It is 3 <tool_c".into()));
+    inputs.extend(p.route(finished(FinishKind::ContextLength)));
+    assert_eq!(summary(&inputs[..inputs.len() - 1]), ["It is 3"]);
+    // An answer that ends by itself keeps its last character.
+    let mut p = parser();
+    let mut inputs = p.route(MapperInput::TextDelta("x <".into()));
+    inputs.extend(p.route(finished(FinishKind::Stop)));
+    assert_eq!(summary(&inputs[..inputs.len() - 1]), ["x <"]);
+}
+
+#[test]
 fn one_call_becomes_started_arguments_done() {
     let mut p = parser();
     let mut inputs = p.push(CALL_A);
