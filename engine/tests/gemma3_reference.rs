@@ -14,10 +14,9 @@
 
 mod common;
 
-use common::reference::{all_logits, check_logits, greedy, ids, load_fixture, Tolerance, EXACT, FAST};
+use common::reference::{all_logits, check_greedy, check_logits, ids, load_fixture, Tolerance, EXACT, FAST};
 use serde_json::Value;
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
-use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::ModelRunner;
 
 /// Fast mode: SmolLM2's 1.0 on the top 20, 1.5 on the strided tail.
@@ -55,17 +54,7 @@ fn gemma3_logits_match_the_numpy_reference() {
 fn gemma3_greedy_decoding_reproduces_the_reference_exactly_and_fast_until_a_near_tie() {
     let fx = fixture();
     let mut runner = runner(&fx);
-    let case = &fx["greedy"];
-    let expected = ids(&case["tokens"]);
-    runner.set_precision(MatmulPrecision::Exact);
-    let got = greedy(&mut runner, case);
-    assert_eq!(&got[..expected.len()], &expected[..], "exact greedy tokens");
-    runner.set_precision(MatmulPrecision::Fast);
-    let gaps: Vec<f64> = case["top1_top2_gap"].as_array().expect("gaps").iter().map(|g| g.as_f64().expect("g")).collect();
-    let safe = gaps.iter().position(|&g| g < 1.0).unwrap_or(gaps.len());
-    assert!(safe >= 3, "fixture has too few clear steps to test");
-    let got = greedy(&mut runner, case);
-    assert_eq!(&got[..safe], &expected[..safe], "fast greedy diverged before the first near-tie (step {safe})");
+    check_greedy(&mut runner, &fx, 3);
 }
 
 /// Runs `tokens[from..to]` of a sequence whose earlier tokens are cached in

@@ -13,9 +13,8 @@
 
 mod common;
 
-use common::reference::{check_logits_exact_then_fast, greedy, ids, load_fixture};
+use common::reference::{check_greedy, check_logits_exact_then_fast, load_fixture};
 use serde_json::Value;
-use spindle_engine::model::MatmulPrecision;
 use spindle_engine::runner::ModelRunner;
 
 fn fixture() -> Value {
@@ -43,15 +42,5 @@ fn qwen_logits_match_the_numpy_reference() {
 fn qwen_greedy_decoding_reproduces_the_reference_exactly_and_fast_until_a_near_tie() {
     let fx = fixture();
     let mut runner = runner(&fx);
-    let case = &fx["greedy"];
-    let expected = ids(&case["tokens"]);
-    runner.set_precision(MatmulPrecision::Exact);
-    let got = greedy(&mut runner, case);
-    assert_eq!(&got[..expected.len()], &expected[..], "exact greedy tokens");
-    runner.set_precision(MatmulPrecision::Fast);
-    let gaps: Vec<f64> = case["top1_top2_gap"].as_array().expect("gaps").iter().map(|g| g.as_f64().expect("g")).collect();
-    let safe = gaps.iter().position(|&g| g < 1.0).unwrap_or(gaps.len());
-    assert!(safe >= 5, "fixture has too few clear steps to test");
-    let got = greedy(&mut runner, case);
-    assert_eq!(&got[..safe], &expected[..safe], "fast greedy diverged before the first near-tie (step {safe})");
+    check_greedy(&mut runner, &fx, 5);
 }
