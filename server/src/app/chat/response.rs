@@ -50,12 +50,16 @@ fn answer_logprobs(response: &Value) -> Vec<Value> {
         .collect()
 }
 
-/// OpenAI's `finish_reason`: `length` for a response cut off (even inside
-/// a tool call, whose arguments are then unfinished), else `tool_calls` or
-/// `stop`.
+/// OpenAI's `finish_reason`: `length` for a response cut off by a token
+/// limit (even inside a tool call, whose arguments are then unfinished),
+/// `content_filter` for one a filter stopped, else `tool_calls` or `stop`.
 pub fn finish_reason(response: &Value) -> &'static str {
     if response["status"] == "incomplete" {
-        "length"
+        if response["incomplete_details"]["reason"] == "content_filter" {
+            "content_filter"
+        } else {
+            "length"
+        }
     } else if items(response, "function_call").next().is_some() {
         "tool_calls"
     } else {
@@ -276,6 +280,8 @@ mod tests {
         m.push(&json!({"type": "response.created", "response": {"id": "resp_x", "created_at": 1, "model": "m"}}));
         let last = m.push(&json!({"type": "response.incomplete", "response": r}));
         assert_eq!(last[0]["choices"][0]["finish_reason"], "length", "streamed too: {last:?}");
+        r["incomplete_details"] = json!({"reason": "content_filter"});
+        assert_eq!(chat_completion(&r, false)["choices"][0]["finish_reason"], "content_filter");
     }
 
     #[test]
