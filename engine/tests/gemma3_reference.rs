@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::reference::{all_logits, check_greedy, check_logits, ids, load_fixture, Tolerance, EXACT, FAST};
+use common::reference::{fixture_runner, all_logits, check_greedy, check_logits, ids, load_fixture, Tolerance, EXACT, FAST};
 use serde_json::Value;
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput};
 use spindle_engine::runner::ModelRunner;
@@ -33,10 +33,7 @@ fn fixture() -> Value {
 }
 
 fn runner(fx: &Value) -> ModelRunner {
-    let path = std::env::var("SPINDLE_GEMMA3_GGUF").expect("SPINDLE_GEMMA3_GGUF must name gemma-3-270m-q4_k_m.gguf (scripts/test.sh sets it)");
-    let path = std::path::PathBuf::from(path);
-    assert_eq!(path.file_name().and_then(|n| n.to_str()), fx["model_file"].as_str(), "the fixture is for another file");
-    ModelRunner::new(common::load_gguf(&path), 64, 16)
+    fixture_runner("SPINDLE_GEMMA3_GGUF", fx, 64)
 }
 
 #[test]

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::reference::{check_greedy, check_logits_exact_then_fast, load_fixture};
+use common::reference::{fixture_runner, check_greedy, check_logits_exact_then_fast, load_fixture};
 use serde_json::Value;
 use spindle_engine::runner::ModelRunner;
 
@@ -22,11 +22,7 @@ fn fixture() -> Value {
 }
 
 fn runner(fx: &Value) -> ModelRunner {
-    let path = std::env::var("SPINDLE_QWEN05_GGUF")
-        .expect("SPINDLE_QWEN05_GGUF must name qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (scripts/test.sh sets it)");
-    let path = std::path::PathBuf::from(path);
-    assert_eq!(path.file_name().and_then(|n| n.to_str()), fx["model_file"].as_str(), "the fixture is for another file");
-    ModelRunner::new(common::load_gguf(&path), 16, 16)
+    fixture_runner("SPINDLE_QWEN05_GGUF", fx, 16)
 }
 
 #[test]

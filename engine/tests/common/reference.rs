@@ -147,3 +147,13 @@ pub fn check_greedy(runner: &mut ModelRunner, fx: &Value, min_clear: usize) {
     let got = greedy(runner, case);
     assert_eq!(&got[..safe], &expected[..safe], "fast greedy diverged before the first near-tie (step {safe})");
 }
+
+/// A runner of `blocks` 16-token blocks over the GGUF that environment
+/// variable `var` names (`scripts/test.sh` sets it), which must be the file
+/// the fixture `fx` was made from.
+pub fn fixture_runner(var: &str, fx: &Value, blocks: usize) -> ModelRunner {
+    let path = std::env::var(var).unwrap_or_else(|_| panic!("{var} must name {} (scripts/test.sh sets it)", fx["model_file"]));
+    let path = std::path::PathBuf::from(path);
+    assert_eq!(path.file_name().and_then(|n| n.to_str()), fx["model_file"].as_str(), "the fixture is for another file");
+    ModelRunner::new(super::load_gguf(&path), blocks, 16)
+}
