@@ -43,11 +43,15 @@ fn bench_step(c: &mut Criterion) {
     let tokenizer = tiny_tokenizer();
     // Short contexts (the long-standing measurement), then 4k-token ones:
     // a step's cost must not grow with the context.
-    bench_context(c, &tokenizer, 32, "scheduler_step/256_running");
-    bench_context(c, &tokenizer, 4096, "scheduler_step/256_running_4k_context");
+    let plain = SamplingParams::default();
+    bench_context(c, &tokenizer, 32, &plain, "scheduler_step/256_running");
+    bench_context(c, &tokenizer, 4096, &plain, "scheduler_step/256_running_4k_context");
+    // The penalties need each sequence's history: it must travel as deltas.
+    let penalised = SamplingParams { repetition_penalty: 1.1, frequency_penalty: 0.2, ..SamplingParams::default() };
+    bench_context(c, &tokenizer, 4096, &penalised, "scheduler_step/256_running_4k_context_penalties");
 }
 
-fn bench_context(c: &mut Criterion, tokenizer: &Tokenizer, prompt_len: usize, name: &str) {
+fn bench_context(c: &mut Criterion, tokenizer: &Tokenizer, prompt_len: usize, sampling: &SamplingParams, name: &str) {
     let config = SchedulerConfig { max_num_seqs: SEQS, max_num_batched_tokens: 8192, ..SchedulerConfig::default() };
     let limits = ModelLimits { block_size: 16, num_blocks: 1 << 20, context_length: 1 << 20 };
     let mut scheduler = Scheduler::new(config, limits, Arc::new(Metrics::default()));
@@ -56,7 +60,7 @@ fn bench_context(c: &mut Criterion, tokenizer: &Tokenizer, prompt_len: usize, na
         let prompt: Vec<u32> = (0..prompt_len).map(|t| ((t * 7 + i) % 250) as u32).collect();
         let request = GenerationRequest {
             prompt,
-            sampling: SamplingParams::default(),
+            sampling: sampling.clone(),
             stop: StopConditions { max_tokens: usize::MAX, ..StopConditions::default() },
             cache_salt: None,
             constraint: None,

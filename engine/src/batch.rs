@@ -14,32 +14,96 @@ pub enum LogitsRequest {
     All,
 }
 
-/// What a sequence needs to sample its next token.
+/// What a sequence needs to sample its next token: plain data, computed
+/// where the sequence lives (the scheduler).
 #[derive(Debug, Clone, Default)]
 pub struct SeqSampling {
     /// Sampling parameters.
     pub params: SamplingParams,
-    /// The grammar the sample must follow (masked before, advanced after).
-    pub constraint: Option<crate::grammar::SharedConstraint>,
+    /// The tokens its grammar allows at this step (`None`: unconstrained).
+    pub mask: Option<TokenMask>,
     /// How many tokens the sequence has generated; with the seed it fixes the
     /// random draw, so a seeded sequence samples the same tokens whatever else
     /// is in the batch.
     pub generated: usize,
-    /// Generated tokens (only needed for the penalties; empty otherwise).
-    pub output_tokens: Vec<u32>,
-    /// Prompt tokens (only needed for repetition_penalty; empty otherwise).
-    pub prompt_tokens: Vec<u32>,
+    /// The history the penalties count (`None` when no penalty is on).
+    pub history: Option<PenaltyHistory>,
 }
 
-impl SeqSampling {
-    /// Whether the penalties need the output tokens.
-    pub fn needs_output_tokens(params: &SamplingParams) -> bool {
-        params.repetition_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0
+/// A sequence's history for the penalties as a step carries it: whole, or
+/// as the tokens generated since it was last sent. The executor keeps the
+/// counts by [`SeqId`] until released, as it keeps block tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PenaltyHistory {
+    /// The whole history: the prompt's tokens (only where the repetition
+    /// penalty is on) and the generated ones.
+    Full {
+        /// Prompt tokens.
+        prompt: Vec<u32>,
+        /// Generated tokens.
+        output: Vec<u32>,
+    },
+    /// Tokens generated since the history was last sent.
+    Append(Vec<u32>),
+}
+
+/// The tokens a grammar allows next, as bits (bit `t % 32` of word `t / 32`;
+/// ids past the words are forbidden). No bit set: the grammar allows
+/// nothing, and the sequence ends without sampling.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenMask {
+    words: Vec<u32>,
+}
+
+impl TokenMask {
+    /// A mask of these words.
+    pub fn from_words(words: Vec<u32>) -> Self {
+        Self { words }
     }
 
-    /// Whether the penalties need the prompt tokens.
-    pub fn needs_prompt_tokens(params: &SamplingParams) -> bool {
-        params.repetition_penalty != 1.0
+    /// A mask that allows nothing.
+    pub fn nothing() -> Self {
+        Self::default()
+    }
+
+    /// The words (bit `t % 32` of word `t / 32`).
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// The words over exactly `vocab` ids (`vocab.div_ceil(32)` words; bits
+    /// at or past `vocab` clear), for a sampler that masks on its own.
+    pub fn words_for(&self, vocab: usize) -> Vec<u32> {
+        let mut words: Vec<u32> = (0..vocab.div_ceil(32)).map(|w| self.words.get(w).copied().unwrap_or(0)).collect();
+        if let (Some(last), tail @ 1..) = (words.last_mut(), vocab % 32) {
+            *last &= (1u32 << tail) - 1;
+        }
+        words
+    }
+
+    /// Whether token `id` is allowed.
+    pub fn allows(&self, id: u32) -> bool {
+        self.words.get(id as usize / 32).is_some_and(|w| w & (1 << (id % 32)) != 0)
+    }
+
+    /// Whether no token is allowed.
+    pub fn allows_none(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+
+    /// Sets every logit whose token is not allowed to `-inf`.
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = self.words.get(w).copied().unwrap_or(0);
+            if bits == u32::MAX {
+                continue;
+            }
+            for (b, logit) in chunk.iter_mut().enumerate() {
+                if bits & (1 << b) == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
     }
 }
 
@@ -124,5 +188,30 @@ impl ForwardBatch {
     /// Total new tokens across sequences.
     pub fn num_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mask_forbids_every_token_whose_bit_is_clear_and_every_token_past_it() {
+        let mask = TokenMask::from_words(vec![0b101, u32::MAX]);
+        let mut logits = vec![1.0; 70];
+        mask.apply(&mut logits);
+        let allowed: Vec<usize> = (0..70).filter(|&t| logits[t] == 1.0).collect();
+        let expected: Vec<usize> = [0, 2].into_iter().chain(32..64).collect();
+        assert_eq!(allowed, expected);
+        assert!(allowed.iter().all(|&t| mask.allows(t as u32)) && !mask.allows(1) && !mask.allows(64));
+        assert!(!mask.allows_none() && TokenMask::nothing().allows_none() && TokenMask::from_words(vec![0, 0]).allows_none());
+    }
+
+    #[test]
+    fn words_for_a_vocabulary_are_cut_or_padded_to_it() {
+        let mask = TokenMask::from_words(vec![u32::MAX, u32::MAX]);
+        assert_eq!(mask.words_for(40), vec![u32::MAX, 0xFF], "bits past 40 cleared");
+        assert_eq!(mask.words_for(96), vec![u32::MAX, u32::MAX, 0], "ids past the mask forbidden");
+        assert_eq!(mask.words_for(32), vec![u32::MAX]);
     }
 }

@@ -2,7 +2,7 @@
 //! then one decode step per token. The CLI and tests use it; the server uses
 //! the scheduler instead.
 
-use crate::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
+use crate::batch::{ForwardBatch, LogitsRequest, PenaltyHistory, SeqInput, SeqSampling};
 use crate::error::{EngineError, Result};
 use crate::kv::BlockAllocator;
 use crate::runner::Executor;
@@ -80,10 +80,13 @@ fn generate_inner(
         return Err(EngineError::ContextLengthExceeded { len: req.prompt.len(), max: ctx });
     }
     let bs = runner.block_size();
-    let prompt_tokens =
-        if SeqSampling::needs_prompt_tokens(&req.sampling) { req.prompt.clone() } else { Vec::new() };
-    let keep_outputs = SeqSampling::needs_output_tokens(&req.sampling);
-    let mut sampling = SeqSampling { params: req.sampling.clone(), constraint: None, generated: 0, output_tokens: Vec::new(), prompt_tokens };
+    // This loop resends the whole history each step (it keeps nothing on
+    // the executor between calls).
+    let prompt = if req.sampling.penalizes_prompt() { req.prompt.clone() } else { Vec::new() };
+    let history = |output: &[u32]| PenaltyHistory::Full { prompt: prompt.clone(), output: output.to_vec() };
+    let keep_outputs = req.sampling.has_penalties();
+    let mut outputs: Vec<u32> = Vec::new();
+    let mut sampling = SeqSampling { params: req.sampling.clone(), mask: None, generated: 0, history: keep_outputs.then(|| history(&outputs)) };
     let started = Instant::now();
     let chunk = req.prefill_chunk.max(1);
     let mut pos = 0;
@@ -119,7 +122,8 @@ fn generate_inner(
         }
         sampling.generated += 1;
         if keep_outputs {
-            sampling.output_tokens.push(tok.token);
+            outputs.push(tok.token);
+            sampling.history = Some(history(&outputs));
         }
         if generated >= req.max_tokens {
             break FinishReason::Length;

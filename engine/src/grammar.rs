@@ -6,11 +6,12 @@
 //! The [`GrammarCompiler`] is built once per model (it holds the token trie);
 //! compiling a grammar checks it (a schema keyword the compiler does not
 //! support is an error naming it), so requests are rejected before they are
-//! queued. A [`Constraint`] lives with its sequence in the scheduler and is
-//! shared with the runner as a [`SharedConstraint`]; the runner masks,
-//! samples and advances it inside the parallel per-sequence sampling, so the
-//! mask is computed in parallel across the batch.
+//! queued. A [`Constraint`] lives with its sequence in the scheduler, which
+//! computes each step's [`TokenMask`] (in parallel across the batch), ships
+//! it in the plain-data [`crate::batch::ForwardBatch`], and advances the
+//! constraint with the token the executor sampled under that mask.
 
+use crate::batch::TokenMask;
 use crate::tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{SimpleVob, TokEnv};
@@ -162,7 +163,7 @@ impl std::fmt::Debug for Constraint {
     }
 }
 
-/// A constraint shared between the scheduler's sequence and the runner.
+/// A constraint shared between a request's owner and the scheduler.
 pub type SharedConstraint = Arc<Mutex<Constraint>>;
 
 impl Constraint {
@@ -221,7 +222,7 @@ impl Constraint {
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> bool {
         match self.mask_words(logits.len()) {
             Some(words) => {
-                apply_words(&words, logits);
+                TokenMask::from_words(words).apply(logits);
                 true
             }
             None => {
@@ -229,6 +230,12 @@ impl Constraint {
                 false
             }
         }
+    }
+
+    /// The tokens allowed next over the grammar's whole vocabulary (no bit
+    /// set when none is: the sequence must end here).
+    pub fn next_mask(&mut self) -> TokenMask {
+        self.mask_words(self.vocab).map_or_else(TokenMask::nothing, TokenMask::from_words)
     }
 
     /// The tokens allowed next as bits over `vocab` ids (bit `t % 32` of
@@ -304,26 +311,6 @@ impl Constraint {
     }
 }
 
-/// `-inf` for every logit whose token `allowed` does not contain (logits
-/// past the mask's length are forbidden too).
-pub fn apply_mask(allowed: &SimpleVob, logits: &mut [f32]) {
-    apply_words(allowed.as_slice(), logits);
-}
-
-/// `-inf` for every logit whose bit in `words` is clear (or past them).
-fn apply_words(words: &[u32], logits: &mut [f32]) {
-    for (w, chunk) in logits.chunks_mut(32).enumerate() {
-        let bits = words.get(w).copied().unwrap_or(0);
-        if bits == u32::MAX {
-            continue;
-        }
-        for (b, logit) in chunk.iter_mut().enumerate() {
-            if bits & (1 << b) == 0 {
-                *logit = f32::NEG_INFINITY;
-            }
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests;

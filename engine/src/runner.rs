@@ -4,9 +4,9 @@
 pub use crate::backend::{DeviceReading, DeviceTelemetry, KvGeometry, Presampled};
 pub use crate::model::decoder::ModelRunner;
 
-use crate::batch::{ForwardBatch, SeqOutput, SeqSampling, StepOutput};
+use crate::batch::{ForwardBatch, SeqOutput, SeqSampling, StepOutput, TokenMask};
 use crate::error::Result;
-use crate::sampling::{SampledToken, Sampler};
+use crate::sampling::{PenaltyBook, PenaltyCounts, SampledToken, Sampler};
 use rayon::prelude::*;
 
 /// What an executor runs on, for logs.
@@ -46,29 +46,41 @@ pub trait Executor: Send {
 }
 
 /// The step's outputs from each sequence's logits (from any backend):
-/// sampling where asked (with its grammar), logits kept where asked.
+/// sampling where asked (under its grammar's mask), logits kept where
+/// asked. The penalties count the histories the batch itself carries
+/// (whole ones; an appended history is an invalid batch here).
 pub fn sample_outputs(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize) -> Result<StepOutput> {
+    let mut book = PenaltyBook::default();
+    book.update(batch)?;
     let none = vec![Presampled::No; batch.seqs.len()];
-    sample_outputs_with(batch, logits, vocab, none)
+    sample_outputs_with(batch, logits, vocab, none, &book.for_batch(batch))
 }
 
 /// [`sample_outputs`] where a backend already sampled some sequences
-/// (`presampled[i]`, e.g. on the GPU); the others sample from their logits.
-pub fn sample_outputs_with(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: usize, presampled: Vec<Presampled>) -> Result<StepOutput> {
+/// (`presampled[i]`, e.g. on the GPU) and the executor keeps the penalty
+/// histories (`penalties[i]`); the others sample from their logits.
+pub fn sample_outputs_with(
+    batch: &ForwardBatch,
+    logits: Vec<Vec<f32>>,
+    vocab: usize,
+    presampled: Vec<Presampled>,
+    penalties: &[Option<&PenaltyCounts>],
+) -> Result<StepOutput> {
     // Sequences sample independently (each with its own seeded generator),
     // so they run in parallel with the same results.
     let seqs = batch
         .seqs
         .par_iter()
         .zip(logits.into_par_iter().zip(presampled.into_par_iter()))
-        .map(|(seq, (mut logits, presampled))| {
+        .enumerate()
+        .map(|(i, (seq, (mut logits, presampled)))| {
             let (sampled, grammar_ended) = match (&seq.sampling, presampled) {
                 (Some(_), Presampled::Token(done)) => (Some(done), false),
                 (Some(_), Presampled::GrammarEnded) => (None, true),
                 (Some(s), Presampled::No) if logits.len() >= vocab => {
                     let start = logits.len() - vocab;
                     let mut last = logits[start..].to_vec();
-                    let sampled = sample_one(s, &mut last)?;
+                    let sampled = sample_one(s, penalties.get(i).copied().flatten(), &mut last)?;
                     let ended = sampled.is_none();
                     (sampled, ended)
                 }
@@ -86,49 +98,37 @@ pub fn sample_outputs_with(batch: &ForwardBatch, logits: Vec<Vec<f32>>, vocab: u
 /// Sample with a generator keyed by (seed, tokens generated so far), so a
 /// seeded sequence draws the same tokens whatever else shares its batch.
 /// `None` when the sequence's grammar allows no token at all.
-fn sample_one(s: &SeqSampling, logits: &mut [f32]) -> Result<Option<SampledToken>> {
+fn sample_one(s: &SeqSampling, penalties: Option<&PenaltyCounts>, logits: &mut [f32]) -> Result<Option<SampledToken>> {
     let mut params = s.params.clone();
     if let Some(seed) = params.seed {
         params.seed = Some(mix(seed, s.generated as u64));
     }
     let mut sampler = Sampler::new(params)?;
-    let Some(constraint) = &s.constraint else {
-        return Ok(Some(sampler.sample(logits, &s.prompt_tokens, &s.output_tokens)));
+    let Some(mask) = &s.mask else {
+        return Ok(Some(sampler.sample_counted(logits, penalties)));
     };
-    let mut constraint = constraint.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some(sampled) = sample_masked(&mut sampler, logits, |l| constraint.mask_logits(l), &s.prompt_tokens, &s.output_tokens) else {
-        return Ok(None);
-    };
-    if let Err(e) = constraint.accept(sampled.token) {
-        tracing::warn!("the grammar refused sampled token {}: {e}", sampled.token);
-    }
-    Ok(Some(sampled))
+    Ok(sample_masked(&mut sampler, logits, mask, penalties))
 }
 
 /// What a NaN or `-inf` logit becomes before a grammar's mask: far below any
 /// real logit, yet finite after the penalties scale it (by up to 1e8).
 const NON_FINITE_FLOOR: f32 = -1e30;
 
-/// Samples from `logits` after `mask` has set every forbidden token to
-/// `-inf` (`None` when it allows none). Non-finite logits are made finite
+/// Samples from `logits` after setting every token `mask` forbids to `-inf`
+/// (`None` when it allows none). Non-finite logits are made finite
 /// first (NaN and `-inf` become [`NON_FINITE_FLOOR`], `+inf` its opposite),
 /// so that a token the mask allows always outranks one it forbids:
 /// otherwise a model whose allowed logits are all NaN or `-inf` would leave
 /// nothing finite, and the sampler would draw from the whole vocabulary.
-fn sample_masked(
-    sampler: &mut Sampler,
-    logits: &mut [f32],
-    mask: impl FnOnce(&mut [f32]) -> bool,
-    prompt: &[u32],
-    output: &[u32],
-) -> Option<SampledToken> {
+fn sample_masked(sampler: &mut Sampler, logits: &mut [f32], mask: &TokenMask, penalties: Option<&PenaltyCounts>) -> Option<SampledToken> {
+    if mask.allows_none() {
+        return None;
+    }
     for l in logits.iter_mut().filter(|l| !l.is_finite()) {
         *l = if *l == f32::INFINITY { -NON_FINITE_FLOOR } else { NON_FINITE_FLOOR };
     }
-    if !mask(logits) {
-        return None;
-    }
-    let mut sampled = sampler.sample(logits, prompt, output);
+    mask.apply(logits);
+    let mut sampled = sampler.sample_counted(logits, penalties);
     // Forbidden tokens are -inf: they are not alternatives worth reporting.
     sampled.top_logprobs.retain(|(_, lp)| lp.is_finite());
     Some(sampled)
@@ -222,15 +222,13 @@ mod tests {
             let allowed: Vec<bool> = (0..vocab).map(|_| r.next_u64().is_multiple_of(4)).collect();
             let history: Vec<u32> = (0..(r.next_u64() % 20)).map(|_| (r.next_u64() % vocab as u64) as u32).collect();
             let mut sampler = Sampler::new(any_params(&mut r))?;
-            let mask = |l: &mut [f32]| {
-                for (l, ok) in l.iter_mut().zip(&allowed) {
-                    if !ok {
-                        *l = f32::NEG_INFINITY;
-                    }
-                }
-                allowed.contains(&true)
-            };
-            let Some(sampled) = sample_masked(&mut sampler, &mut logits, mask, &history, &history) else {
+            let mut words = vec![0u32; vocab.div_ceil(32)];
+            for (t, _) in allowed.iter().enumerate().filter(|(_, ok)| **ok) {
+                words[t / 32] |= 1 << (t % 32);
+            }
+            let mask = TokenMask::from_words(words);
+            let counts = PenaltyCounts::new(&history, &history);
+            let Some(sampled) = sample_masked(&mut sampler, &mut logits, &mask, Some(&counts)) else {
                 assert!(!allowed.contains(&true), "case {case}: refused although tokens are allowed");
                 continue;
             };

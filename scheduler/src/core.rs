@@ -15,7 +15,9 @@ use crate::metrics::Metrics;
 use crate::output::StopReason;
 use crate::request::{FinishReason, GenerationEvent, GenerationRequest, GeneratedToken};
 use crate::sequence::{RequestId, Sequence};
-use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling, StepOutput};
+use rayon::prelude::*;
+use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling, StepOutput, TokenMask};
+use spindle_engine::grammar::{Constraint, SharedConstraint};
 use std::collections::VecDeque;
 use spindle_engine::tokenizer::Tokenizer;
 use std::sync::Arc;
@@ -26,6 +28,29 @@ pub struct Step {
     /// The batch for the engine.
     pub batch: ForwardBatch,
     pub(crate) plan: Vec<(RequestId, usize)>,
+    /// Entries that sample under a grammar: (batch index, its constraint),
+    /// whose masks [`Step::fill_masks`] computes.
+    grammars: Vec<(usize, SharedConstraint)>,
+}
+
+impl Step {
+    /// Computes each constrained entry's mask for this step, in parallel.
+    fn fill_masks(&mut self) {
+        let masks: Vec<TokenMask> = if self.grammars.len() > 1 {
+            self.grammars.par_iter().map(|(_, c)| lock(c).next_mask()).collect()
+        } else {
+            self.grammars.iter().map(|(_, c)| lock(c).next_mask()).collect()
+        };
+        for ((i, _), mask) in self.grammars.iter().zip(masks) {
+            if let Some(s) = self.batch.seqs.get_mut(*i).and_then(|s| s.sampling.as_mut()) {
+                s.mask = Some(mask);
+            }
+        }
+    }
+}
+
+fn lock(c: &SharedConstraint) -> std::sync::MutexGuard<'_, Constraint> {
+    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Scheduling state: the queues and the KV cache manager. The step loop in
@@ -99,13 +124,14 @@ impl Scheduler {
     /// Plan the next step; `None` when nothing can run.
     pub fn schedule(&mut self) -> Option<Step> {
         let mut budget = self.config.max_num_batched_tokens;
-        let mut step = Step { batch: ForwardBatch::default(), plan: Vec::new() };
+        let mut step = Step { batch: ForwardBatch::default(), plan: Vec::new(), grammars: Vec::new() };
         let preempted = self.schedule_running(&mut budget, &mut step);
         // After a preemption only the requests just preempted may come back
         // (they are at the front of the queue), and only if nothing else ran.
         if !preempted || step.plan.is_empty() {
             self.admit_waiting(&mut budget, &mut step);
         }
+        step.fill_masks();
         self.publish_gauges();
         (!step.plan.is_empty()).then_some(step)
     }
@@ -182,7 +208,10 @@ impl Scheduler {
             seq.num_computed += n;
             self.kv.commit(&mut seq.kv, &seq.tokens, seq.num_computed, seq.salt);
             let done = match out.sampled {
-                Some(sampled) => !advance(seq, sampled, self.limits.context_length),
+                Some(sampled) => {
+                    accept_in_grammar(seq, sampled.token);
+                    !advance(seq, sampled, self.limits.context_length)
+                }
                 None if out.grammar_ended => {
                     finish(seq, FinishReason::Eos);
                     true
@@ -236,8 +265,10 @@ impl Scheduler {
         self.publish_gauges();
     }
 
-    /// The executor is to forget `seq`'s table (if it was ever sent one).
+    /// The executor is to forget `seq`'s table and penalty history (if it
+    /// was ever sent them: both go only with a step, which sends a table).
     fn release(&mut self, seq: &mut Sequence) {
+        seq.sent_history = None;
         if seq.sent_table.take().is_some() {
             self.released.push(seq.id);
         }
@@ -251,20 +282,15 @@ impl Scheduler {
 
 fn push_entry(step: &mut Step, seq: &mut Sequence, n: usize) {
     let start = seq.num_computed;
-    let sampling = (start + n == seq.tokens.len()).then(|| SeqSampling {
+    let samples = start + n == seq.tokens.len();
+    if let (true, Some(c)) = (samples, &seq.constraint) {
+        step.grammars.push((step.batch.seqs.len(), c.clone()));
+    }
+    let sampling = samples.then(|| SeqSampling {
         params: seq.sampling.clone(),
-        constraint: seq.constraint.clone(),
+        mask: None, // filled by `Step::fill_masks` once the step is planned
         generated: seq.output_tokens().len(),
-        output_tokens: if SeqSampling::needs_output_tokens(&seq.sampling) {
-            seq.output_tokens().to_vec()
-        } else {
-            Vec::new()
-        },
-        prompt_tokens: if SeqSampling::needs_prompt_tokens(&seq.sampling) {
-            seq.tokens[..seq.prompt_len].to_vec()
-        } else {
-            Vec::new()
-        },
+        history: seq.history_for_step(),
     });
     let block_table = seq.table_for_step();
     step.batch.seqs.push(SeqInput {
@@ -276,6 +302,15 @@ fn push_entry(step: &mut Step, seq: &mut Sequence, n: usize) {
         sampling,
     });
     step.plan.push((seq.id, n));
+}
+
+/// Advances the sequence's grammar past the token sampled under its mask.
+fn accept_in_grammar(seq: &Sequence, token: u32) {
+    if let Some(c) = &seq.constraint {
+        if let Err(e) = lock(c).accept(token) {
+            tracing::warn!("the grammar refused sampled token {token}: {e}");
+        }
+    }
 }
 
 /// Append a sampled token and emit its events; false when the sequence is done.

@@ -4,6 +4,7 @@ use crate::kv_cache::SeqKv;
 use crate::output::OutputProcessor;
 use crate::request::{GenerationEvent, GenerationRequest, Usage};
 use spindle_engine::tokenizer::Tokenizer;
+use spindle_engine::batch::PenaltyHistory;
 use spindle_engine::sampling::SamplingParams;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -31,6 +32,9 @@ pub(crate) struct Sequence {
     /// What the executor holds of the block table since the last step: how
     /// many blocks, at which count of table rewrites (`None`: nothing).
     pub sent_table: Option<(usize, u64)>,
+    /// How many generated tokens the executor holds of the penalty history
+    /// (`None`: nothing).
+    pub sent_history: Option<usize>,
 }
 
 impl Sequence {
@@ -56,6 +60,7 @@ impl Sequence {
             events,
             started: false,
             sent_table: None,
+            sent_history: None,
         }
     }
 
@@ -80,6 +85,25 @@ impl Sequence {
         };
         self.sent_table = Some((blocks.len(), self.kv.rewrites()));
         table
+    }
+
+    /// The penalty history for this step's sample (`None` when no penalty
+    /// is on): the tokens generated since it was last sent while the
+    /// executor holds the rest, else the whole history.
+    pub fn history_for_step(&mut self) -> Option<PenaltyHistory> {
+        if !self.sampling.has_penalties() {
+            return None;
+        }
+        let output = &self.tokens[self.prompt_len..];
+        let history = match self.sent_history {
+            Some(sent) if sent <= output.len() => PenaltyHistory::Append(output[sent..].to_vec()),
+            _ => {
+                let prompt = if self.sampling.penalizes_prompt() { self.tokens[..self.prompt_len].to_vec() } else { Vec::new() };
+                PenaltyHistory::Full { prompt, output: output.to_vec() }
+            }
+        };
+        self.sent_history = Some(output.len());
+        Some(history)
     }
 
     /// Send an event; false when the receiver is gone (treated as an abort).

@@ -6,7 +6,7 @@
 //! the same [`StepLayout`] (the loop itself is checked against the numpy
 //! reference by `tiny_models_reference.rs` and `engine/tests/smollm2_reference.rs`).
 
-use spindle_engine::backend::{Backend, KvGeometry, KvSize, LinearJob, PassFn, Presampled, StepLayout, StepLogits, Workspace};
+use spindle_engine::backend::{Backend, DeviceSampling, KvGeometry, KvSize, LinearJob, PassFn, Presampled, StepLayout, StepLogits, Workspace};
 use spindle_engine::batch::ForwardBatch;
 use spindle_engine::config::{ModelConfig, RopeStyle};
 use spindle_engine::model::linear::tensor_to_f32;
@@ -98,7 +98,7 @@ impl Backend for ReferenceBackend {
         Ok(vec![0.0; rows * vocab])
     }
 
-    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, _device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, _sampling: DeviceSampling<'_>, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
         let c = self.config()?.clone();
         let half = c.head_dim / 2;
         let a = rope.angles(&layout.positions);

@@ -16,7 +16,7 @@
 //! them with `--include-ignored`, and there a missing GPU fails them.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
+use spindle_engine::batch::{ForwardBatch, LogitsRequest, PenaltyHistory, SeqInput, SeqSampling, TokenMask};
 use spindle_engine::backend::cuda::{device_count, driver_present, CudaBackend, CudaSwitches};
 use spindle_engine::backend::KvSize;
 use spindle_engine::model::Decoder;
@@ -106,34 +106,34 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     grammar_on_device_matches_the_host(&mut gpu, path, prompt, label);
 }
 
-/// Greedy decoding under a JSON grammar (a short list of letters), sampled on
-/// the GPU with one compiled constraint and on the host with another from
-/// the same schema: the same token at every step (the masks agree and both
-/// grammars advance), until the grammar ends on both.
+/// Greedy decoding under a JSON grammar (a short list of letters): each
+/// step's mask (computed from the constraint, as the scheduler does) applied
+/// on the GPU and on the host gives the same token at every step, a token
+/// the mask allows, until the grammar ends on both.
 fn grammar_on_device_matches_the_host(gpu: &mut CudaModel, path: &str, prompt: &[u32], label: &str) {
     let meta = spindle_engine::load::load_meta(path).expect("model meta");
     let compiler = GrammarCompiler::new(&meta.tokenizer, gpu.config().vocab_size).expect("grammar compiler");
     // Bounded: at most two one-letter items, no free whitespace.
     let schema = serde_json::json!({"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2,
         "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
-    let on_gpu = compiler.compile_json_schema(schema.clone()).expect("schema").shared();
-    let on_host = compiler.compile_json_schema(schema).expect("schema").shared();
+    let mut constraint = compiler.compile_json_schema(schema).expect("schema");
     let mut alloc = BlockAllocator::new(BLOCKS);
     let mut table = Vec::new();
     let start = 10.min(prompt.len() - 1);
     alloc.ensure(&mut table, start + 40, BLOCK_SIZE).expect("blocks");
     gpu.forward(&batch(prompt[..start].to_vec(), 0, &table, LogitsRequest::None)).expect("prefill");
-    let step_with = |c: &spindle_engine::grammar::SharedConstraint, token: u32, pos: usize| {
+    let step_with = |mask: &TokenMask, token: u32, pos: usize| {
         let mut b = batch(vec![token], pos, &table, LogitsRequest::None);
-        b.seqs[0].sampling = Some(SeqSampling { params: SamplingParams::default(), constraint: Some(c.clone()), generated: pos - start, output_tokens: Vec::new(), prompt_tokens: Vec::new() });
+        b.seqs[0].sampling = Some(SeqSampling { params: SamplingParams::default(), mask: Some(mask.clone()), generated: pos - start, history: None });
         b
     };
     let (mut token, mut pos, mut steps) = (prompt[start], start, 0);
     loop {
+        let mask = constraint.next_mask();
+        let b = step_with(&mask, token, pos);
         gpu.set_device_sampling(true);
-        let device = gpu.forward_step(&step_with(&on_gpu, token, pos)).expect("device step").sampled.remove(0);
+        let device = gpu.forward_step(&b).expect("device step").sampled.remove(0);
         gpu.set_device_sampling(false);
-        let b = step_with(&on_host, token, pos);
         let off = gpu.forward_step(&b).expect("host step");
         gpu.set_device_sampling(true);
         let host = sample_outputs(&b, off.logits, gpu.config().vocab_size).expect("host sampling").seqs.remove(0);
@@ -141,6 +141,8 @@ fn grammar_on_device_matches_the_host(gpu: &mut CudaModel, path: &str, prompt: &
             Presampled::Token(t) => {
                 let h = host.sampled.expect("the host sampled too");
                 assert_eq!(t.token, h.token, "{label}: grammar step {steps}: device vs host token");
+                assert!(mask.allows(t.token), "{label}: grammar step {steps}: the device sampled a token the mask forbids");
+                constraint.accept(t.token).expect("the grammar accepts what its mask allowed");
                 token = t.token;
             }
             Presampled::GrammarEnded => {
@@ -176,12 +178,12 @@ fn device_and_host_sampling_agree(gpu: &mut CudaModel, prompt: &[u32], label: &s
         gpu.forward(&batch(prompt[..len].to_vec(), 0, &tables[i], LogitsRequest::None)).expect("prefill");
     }
     let seq = |i: usize, tokens: Vec<u32>, start: usize| SeqInput {
-        id: 0,
+        id: i as u64,
         tokens,
         start_pos: start,
         block_table: tables[i].clone().into(),
         logits: LogitsRequest::None,
-        sampling: Some(SeqSampling { params: params[i].clone(), constraint: None, generated: 2, output_tokens: prompt[..lens[i]].to_vec(), prompt_tokens: prompt[..3].to_vec() }),
+        sampling: Some(SeqSampling { params: params[i].clone(), mask: None, generated: 2, history: Some(PenaltyHistory::Full { prompt: prompt[..3].to_vec(), output: prompt[..lens[i]].to_vec() }) }),
     };
     let mixed = ForwardBatch { seqs: (0..3).map(|i| seq(i, vec![prompt[lens[i]]], lens[i])).chain([seq(3, prompt[..lens[3]].to_vec(), 0)]).collect() };
     let decode = ForwardBatch { seqs: (0..3).map(|i| seq(i, vec![prompt[lens[i]]], lens[i])).collect() };
@@ -247,7 +249,7 @@ fn graphs_match_eager(gpu: &mut CudaModel, prompt: &[u32], label: &str) {
 }
 
 fn sampling(params: SamplingParams) -> Option<SeqSampling> {
-    Some(SeqSampling { params, constraint: None, generated: 3, output_tokens: Vec::new(), prompt_tokens: Vec::new() })
+    Some(SeqSampling { params, mask: None, generated: 3, history: None })
 }
 
 /// The GPU's own sampler on one decode step (rerun at the same position, so

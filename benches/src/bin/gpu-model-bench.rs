@@ -134,7 +134,7 @@ fn decode_batches(model: &mut CudaModel) -> anyhow::Result<()> {
 }
 
 fn greedy() -> Option<SeqSampling> {
-    Some(SeqSampling { params: SamplingParams::default(), constraint: None, generated: 0, output_tokens: Vec::new(), prompt_tokens: Vec::new() })
+    Some(SeqSampling { params: SamplingParams::default(), ..SeqSampling::default() })
 }
 
 fn prefill(model: &mut CudaModel, tokens: usize) -> anyhow::Result<()> {

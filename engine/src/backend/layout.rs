@@ -184,7 +184,7 @@ mod tests {
     }
 
     fn seq(tokens: Vec<u32>, start_pos: usize, table: Vec<u32>, logits: LogitsRequest, sampled: bool) -> SeqInput {
-        let sampling = sampled.then(|| SeqSampling { params: SamplingParams::default(), constraint: None, generated: 0, output_tokens: Vec::new(), prompt_tokens: Vec::new() });
+        let sampling = sampled.then(|| SeqSampling { params: SamplingParams::default(), ..SeqSampling::default() });
         SeqInput { id: 0, tokens, start_pos, block_table: table.into(), logits, sampling }
     }
 

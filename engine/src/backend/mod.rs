@@ -65,7 +65,7 @@ use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::ops::Rope;
-use crate::sampling::SampledToken;
+use crate::sampling::{PenaltyCounts, SampledToken};
 use crate::weights::TensorView;
 
 /// The shape of a backend's paged KV cache.
@@ -108,6 +108,15 @@ pub enum Presampled {
     Token(SampledToken),
     /// Its grammar allows no token: the sequence ends without one.
     GrammarEnded,
+}
+
+/// What a step's sampling may do on the device.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceSampling<'a> {
+    /// Whether the backend may sample on the device.
+    pub enabled: bool,
+    /// Each sequence's penalty counts, in batch order (kept by the executor).
+    pub penalties: &'a [Option<&'a PenaltyCounts>],
 }
 
 /// A step's results before host sampling: per sequence (batch order), its
@@ -193,8 +202,8 @@ pub trait Backend: Sized + Send {
 
     /// Runs `pass` over the step `layout` (validated against this backend's
     /// cache) and returns each sequence's logits, or what the device sampled
-    /// for it where `device_sampling` is on and it can.
-    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits>;
+    /// for it where `sampling` allows and it can.
+    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, sampling: DeviceSampling<'_>, pass: &mut PassFn<'_, Self>) -> Result<StepLogits>;
 
     /// `out[r] = table[ids[r]]` for the step's token ids.
     fn embed(&self, out: &mut Self::Tensor, table: &Self::Weight, step: &Self::Step, rows: usize) -> Result<()>;

@@ -6,13 +6,14 @@ use super::llama::{LlamaModel, LlamaWeights};
 use super::ops::Rope;
 use super::MatmulPrecision;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, KvGeometry, KvSize, StepLayout};
+use crate::backend::{Backend, DeviceSampling, KvGeometry, KvSize, StepLayout};
 use crate::batch::{BlockTable, ForwardBatch, SeqId, StepOutput};
 use crate::error::EngineError;
 use std::collections::HashMap;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::runner::{sample_outputs_with, Executor, ExecutorInfo};
+use crate::sampling::PenaltyBook;
 
 /// A model running on backend `B` (see the module doc).
 pub struct Decoder<B: Backend> {
@@ -23,6 +24,8 @@ pub struct Decoder<B: Backend> {
     device_sampling: bool,
     /// Block tables kept across steps, by sequence (see [`BlockTable`]).
     tables: HashMap<SeqId, Vec<u32>>,
+    /// Penalty histories kept across steps, by sequence.
+    penalties: PenaltyBook,
 }
 
 impl<B: Backend> std::fmt::Debug for Decoder<B> {
@@ -36,7 +39,7 @@ impl<B: Backend> Decoder<B> {
     /// in blocks of `block_size` tokens.
     pub fn with_backend(weights: LlamaWeights<B>, mut backend: B, kv: KvSize, block_size: usize) -> Result<Self> {
         let geometry = backend.allocate_kv(weights.config(), kv, block_size)?;
-        Ok(Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true, tables: HashMap::new() })
+        Ok(Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true, tables: HashMap::new(), penalties: PenaltyBook::default() })
     }
 
     /// The model's hyper-parameters.
@@ -104,25 +107,30 @@ impl<B: Backend> Decoder<B> {
         rayon::scope(|_| {
             let device_sampling = self.device_sampling;
             let (logits, sampled) = self.run(batch, device_sampling)?;
-            sample_outputs_with(batch, logits, self.config().vocab_size, sampled)
+            let penalties = self.penalties.for_batch(batch);
+            sample_outputs_with(batch, logits, self.config().vocab_size, sampled, &penalties)
         })
     }
 
     fn run(&mut self, batch: &ForwardBatch, device_sampling: bool) -> Result<(Vec<Vec<f32>>, Vec<crate::backend::Presampled>)> {
         let g = self.geometry;
         self.update_tables(batch)?;
+        self.penalties.update(batch)?;
+        let Self { weights, backend, rope, tables, penalties, .. } = self;
         let tables: Vec<&[u32]> = batch
             .seqs
             .iter()
             .map(|s| match &s.block_table {
                 BlockTable::Full(t) => t.as_slice(),
-                BlockTable::Append(_) => self.tables.get(&s.id).map_or(&[][..], Vec::as_slice),
+                BlockTable::Append(_) => tables.get(&s.id).map_or(&[][..], Vec::as_slice),
             })
             .collect();
-        let layout = StepLayout::new(self.weights.config(), g.block_size, g.num_blocks, batch, &tables)?;
-        let weights = &self.weights;
+        let layout = StepLayout::new(weights.config(), g.block_size, g.num_blocks, batch, &tables)?;
+        let counts = penalties.for_batch(batch);
+        let sampling = DeviceSampling { enabled: device_sampling, penalties: &counts };
+        let weights = &*weights;
         let mut pass = |b: &mut B, ws: &mut crate::backend::Workspace<B>, step: &B::Step, rows: usize| weights.pass(b, ws, step, rows);
-        let out = self.backend.run_step(batch, layout, &self.rope, device_sampling, &mut pass)?;
+        let out = backend.run_step(batch, layout, rope, sampling, &mut pass)?;
         Ok((out.logits, out.sampled))
     }
 }
@@ -147,16 +155,22 @@ impl<B: Backend> Decoder<B> {
         Ok(())
     }
 
-    /// Forgets the tables of `ids`.
+    /// Forgets the tables and penalty histories of `ids`.
     pub fn release(&mut self, ids: &[SeqId]) {
         for id in ids {
             self.tables.remove(id);
         }
+        self.penalties.release(ids);
     }
 
     /// Sequences whose tables are kept.
     pub fn kept_tables(&self) -> usize {
         self.tables.len()
+    }
+
+    /// Sequences whose penalty histories are kept.
+    pub fn kept_histories(&self) -> usize {
+        self.penalties.len()
     }
 }
 
@@ -195,7 +209,7 @@ impl Decoder<CpuBackend> {
         let (weights, precision) = model.into_parts();
         let mut backend = CpuBackend::new(precision);
         let geometry = backend.attach_pool(weights.config(), num_blocks, block_size);
-        Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true, tables: HashMap::new() }
+        Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true, tables: HashMap::new(), penalties: PenaltyBook::default() }
     }
 
     /// Choose fast (8-bit activations) or exact (f32) quantized matmuls.

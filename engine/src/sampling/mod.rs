@@ -29,11 +29,13 @@
 //! O(vocab) either way), and scratch buffers live in the sampler.
 
 mod math;
+mod penalty;
 mod rng;
 mod select;
 #[cfg(test)]
 mod tests;
 
+pub use penalty::{PenaltyBook, PenaltyCounts};
 pub use rng::{entropy_seed, splitmix64, Rng};
 
 use crate::error::{EngineError, Result};
@@ -96,6 +98,17 @@ impl SamplingParams {
     /// temperature below [`GREEDY_TEMPERATURE`].
     pub fn is_greedy(&self) -> bool {
         self.temperature < GREEDY_TEMPERATURE || self.top_k == 1
+    }
+
+    /// Whether any penalty is on (they need the sequence's history).
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
+    /// Whether the penalties need the prompt's tokens (only the repetition
+    /// penalty counts them).
+    pub fn penalizes_prompt(&self) -> bool {
+        self.repetition_penalty != 1.0
     }
 
     /// Check every value is in range; the error names the field, the value and the range.
@@ -168,10 +181,6 @@ pub struct Sampler {
     cand: Vec<(f32, u32)>,
     /// Scratch heap for small top-k selections.
     heap: TopKHeap,
-    /// Per-token counters for the penalties; all zero between calls.
-    counts: Vec<u32>,
-    /// Tokens whose counter is non-zero.
-    touched: Vec<u32>,
 }
 
 impl Sampler {
@@ -186,8 +195,6 @@ impl Sampler {
             probs: Vec::new(),
             cand: Vec::new(),
             heap: TopKHeap::new(),
-            counts: Vec::new(),
-            touched: Vec::new(),
         })
     }
 
@@ -208,17 +215,23 @@ impl Sampler {
         self.rng = Rng::new(seed);
     }
 
+    /// Choose the next token, the penalties counted from `prompt_tokens`
+    /// and `output_tokens` (see [`Self::sample_counted`]).
+    pub fn sample(&mut self, logits: &mut [f32], prompt_tokens: &[u32], output_tokens: &[u32]) -> SampledToken {
+        let p = &self.params;
+        let counts = p.has_penalties().then(|| {
+            let prompt = if p.repetition_penalty != 1.0 { prompt_tokens } else { &[] };
+            PenaltyCounts::new(prompt, output_tokens)
+        });
+        self.sample_counted(logits, counts.as_ref())
+    }
+
     /// Choose the next token.
     ///
     /// `logits` holds one value per vocabulary entry and is modified in place
-    /// (penalised and sanitised, see the module docs). `prompt_tokens` and
-    /// `output_tokens` feed the penalties; ids outside the vocabulary are ignored.
-    pub fn sample(
-        &mut self,
-        logits: &mut [f32],
-        prompt_tokens: &[u32],
-        output_tokens: &[u32],
-    ) -> SampledToken {
+    /// (penalised and sanitised, see the module docs). `penalties` holds the
+    /// history the penalties count; ids outside the vocabulary are ignored.
+    pub fn sample_counted(&mut self, logits: &mut [f32], penalties: Option<&PenaltyCounts>) -> SampledToken {
         if logits.is_empty() {
             return SampledToken {
                 token: 0,
@@ -226,7 +239,10 @@ impl Sampler {
                 top_logprobs: Vec::new(),
             };
         }
-        self.apply_penalties(logits, prompt_tokens, output_tokens);
+        if let Some(counts) = penalties {
+            let p = &self.params;
+            counts.apply(logits, p.repetition_penalty, p.presence_penalty, p.frequency_penalty);
+        }
         let (argmax, max) = math::sanitize_argmax(logits);
         self.probs.resize(logits.len(), 0.0);
         let probs = &mut self.probs[..logits.len()];
@@ -249,54 +265,6 @@ impl Sampler {
             token,
             logprob,
             top_logprobs,
-        }
-    }
-
-    /// Apply the repetition, presence and frequency penalties in place.
-    fn apply_penalties(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
-        let vocab = logits.len();
-        let rp = self.params.repetition_penalty;
-        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
-        if rp == 1.0 && presence == 0.0 && frequency == 0.0 {
-            return;
-        }
-        if self.counts.len() < vocab {
-            self.counts.resize(vocab, 0);
-        }
-        if rp != 1.0 {
-            for &t in prompt.iter().chain(output) {
-                let i = t as usize;
-                if i < vocab && self.counts[i] == 0 {
-                    self.counts[i] = 1;
-                    self.touched.push(t);
-                    let l = &mut logits[i];
-                    *l = if *l > 0.0 { *l / rp } else { *l * rp };
-                }
-            }
-            self.reset_counts();
-        }
-        if presence != 0.0 || frequency != 0.0 {
-            for &t in output {
-                let i = t as usize;
-                if i < vocab {
-                    if self.counts[i] == 0 {
-                        self.touched.push(t);
-                    }
-                    self.counts[i] += 1;
-                }
-            }
-            for &t in &self.touched {
-                let count = self.counts[t as usize] as f32;
-                logits[t as usize] -= frequency * count + presence;
-            }
-            self.reset_counts();
-        }
-    }
-
-    /// Zero the counters named in `touched`.
-    fn reset_counts(&mut self) {
-        for t in self.touched.drain(..) {
-            self.counts[t as usize] = 0;
         }
     }
 

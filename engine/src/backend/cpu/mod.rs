@@ -4,7 +4,7 @@
 
 pub mod attention;
 
-use super::{Backend, KvGeometry, KvSize, LinearJob, PassFn, Presampled, StepLayout, StepLogits, Workspace};
+use super::{Backend, DeviceSampling, KvGeometry, KvSize, LinearJob, PassFn, Presampled, StepLayout, StepLogits, Workspace};
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
@@ -133,7 +133,7 @@ impl Backend for CpuBackend {
         Ok(vec![0f32; rows * vocab])
     }
 
-    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, _device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, _sampling: DeviceSampling<'_>, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
         let (rows, logit_rows) = (layout.num_rows(), layout.rows.len());
         let local = self.local_rope.as_ref().map(|r| (r.clone(), r.angles(&layout.positions)));
         let step = CpuStep { angles: rope.angles(&layout.positions), rope: rope.clone(), local, layout };

@@ -18,7 +18,7 @@ mod run;
 mod sample;
 mod telemetry;
 
-use super::{Backend, KvGeometry, KvSize, LinearJob, PassFn, StepLayout, StepLogits, Workspace};
+use super::{Backend, DeviceSampling, KvGeometry, KvSize, LinearJob, PassFn, StepLayout, StepLogits, Workspace};
 use crate::batch::ForwardBatch;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{EngineError, Result};
@@ -309,8 +309,8 @@ impl Backend for CudaBackend {
         Ok(self.gpu.stream.alloc_zeros::<f32>((rows * vocab).max(1))?)
     }
 
-    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
-        self.run(batch, &layout, rope, device_sampling, pass)
+    fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, sampling: DeviceSampling<'_>, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+        self.run(batch, &layout, rope, sampling, pass)
     }
 
     fn embed(&self, out: &mut CudaSlice<bf16>, table: &GpuLinear, step: &CudaStep, rows: usize) -> Result<()> {
@@ -370,7 +370,7 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::{LogitsRequest, SeqInput, SeqSampling};
+    use crate::batch::{LogitsRequest, SeqInput, SeqSampling, TokenMask};
     use crate::grammar::{GrammarCompiler, SharedConstraint};
     use crate::sampling::SamplingParams;
 
@@ -384,10 +384,10 @@ mod tests {
         ModelConfig::from_hf_json(&json)
     }
 
-    /// A one-token sequence that samples with `params` (and `constraint`),
+    /// A one-token sequence that samples with `params` (under `mask`),
     /// wanting `logits` back.
-    pub(super) fn sampled_seq(params: SamplingParams, logits: LogitsRequest, constraint: Option<SharedConstraint>) -> SeqInput {
-        let sampling = SeqSampling { params, constraint, generated: 3, output_tokens: vec![5, 6, 5], prompt_tokens: vec![9] };
+    pub(super) fn sampled_seq(params: SamplingParams, logits: LogitsRequest, mask: Option<TokenMask>) -> SeqInput {
+        let sampling = SeqSampling { params, mask, generated: 3, history: None };
         SeqInput { id: 0, tokens: vec![1], start_pos: 0, block_table: vec![0].into(), logits, sampling: Some(sampling) }
     }
 

@@ -5,11 +5,11 @@
 
 use super::sample::DeviceRow;
 use super::{CudaBackend, CudaStep, LogitRows};
-use crate::backend::{PassFn, Presampled, StepLayout, StepLogits, Workspace};
+use crate::backend::{DeviceSampling, PassFn, Presampled, StepLayout, StepLogits, Workspace};
 use crate::batch::ForwardBatch;
 use crate::error::Result;
 use crate::model::ops::Rope;
-use crate::sampling::SampledToken;
+use crate::sampling::{PenaltyCounts, SampledToken};
 use cudarc::driver::CudaSlice;
 use rayon::prelude::*;
 use spindle_kernels::device::{Gpu, RowSample, RowSampling};
@@ -18,12 +18,12 @@ use std::ops::Range;
 impl CudaBackend {
     /// Runs `pass` over `layout`'s step (from a graph when the step is one a
     /// graph takes) and finishes it.
-    pub(super) fn run(&mut self, batch: &ForwardBatch, layout: &StepLayout, rope: &Rope, device_sampling: bool, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
+    pub(super) fn run(&mut self, batch: &ForwardBatch, layout: &StepLayout, rope: &Rope, sampling: DeviceSampling<'_>, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
         let vocab = self.config.vocab_size;
         if self.graph_eligible(layout) {
             let ranges = graph_ranges(layout);
-            let device = device_rows(batch, &ranges, device_sampling);
-            let finish_graph = |g: &Gpu, logits: &mut CudaSlice<f32>| finish(g, batch, vocab, &ranges, Some(logits), &device);
+            let device = device_rows(batch, &ranges, sampling.enabled);
+            let finish_graph = |g: &Gpu, logits: &mut CudaSlice<f32>| finish(g, batch, vocab, &ranges, Some(logits), &device, sampling.penalties);
             if let Some(step) = self.run_graph(layout, rope, pass, finish_graph)? {
                 return Ok(step);
             }
@@ -32,9 +32,9 @@ impl CudaBackend {
         let t = layout.num_rows();
         let mut ws = Workspace::reuse_or_grow(self.workspace.take(), self, &self.config, t, layout.rows.len())?;
         let result = pass(self, &mut ws, &step, t).and_then(|()| {
-            let device = device_rows(batch, &layout.ranges, device_sampling);
+            let device = device_rows(batch, &layout.ranges, sampling.enabled);
             let logits = if layout.rows.is_empty() { None } else { Some(&mut ws.logits) };
-            finish(&self.gpu, batch, vocab, &layout.ranges, logits, &device)
+            finish(&self.gpu, batch, vocab, &layout.ranges, logits, &device, sampling.penalties)
         });
         self.workspace = Some(ws);
         result
@@ -80,22 +80,29 @@ fn graph_ranges(layout: &StepLayout) -> Vec<Range<usize>> {
 }
 
 /// Per sequence (its rows of `logits` in `ranges`): sampled on the GPU where
-/// `device` says so (its grammar masked first and advanced after), else its
-/// logits copied to the host.
-fn finish(g: &Gpu, batch: &ForwardBatch, vocab: usize, ranges: &[Range<usize>], logits: Option<&mut CudaSlice<f32>>, device: &[Option<DeviceRow>]) -> Result<StepLogits> {
+/// `device` says so (under its grammar's mask, with its `penalties`), else
+/// its logits copied to the host.
+fn finish(
+    g: &Gpu,
+    batch: &ForwardBatch,
+    vocab: usize,
+    ranges: &[Range<usize>],
+    logits: Option<&mut CudaSlice<f32>>,
+    device: &[Option<DeviceRow>],
+    penalties: &[Option<&PenaltyCounts>],
+) -> Result<StepLogits> {
     let mut host = Vec::new();
     let mut sampled: Vec<Presampled> = vec![Presampled::No; ranges.len()];
     if let Some(logits) = logits {
-        // Penalty lists and grammar masks (llguidance), one sequence per
-        // thread, while the GPU runs the step.
+        // Penalty lists and grammar masks, one sequence per thread, while
+        // the GPU runs the step.
         let completed: Vec<(usize, Option<RowSampling>)> = device
             .par_iter()
             .enumerate()
-            .filter_map(|(i, d)| d.as_ref().map(|d| (i, super::sample::complete(d, &batch.seqs[i], vocab))))
+            .filter_map(|(i, d)| d.as_ref().map(|d| (i, super::sample::complete(d, &batch.seqs[i], penalties.get(i).copied().flatten(), vocab))))
             .collect();
         let (seqs, rows) = take_ended(completed, &mut sampled);
         let samples = g.sample_rows(logits, vocab, &rows)?;
-        advance_grammars(device, &seqs, &samples);
         place_samples(&mut sampled, &seqs, &samples);
         if let Some(rows) = host_rows(ranges, &sampled) {
             host = g.stream.clone_dtoh(&logits.slice(..rows * vocab))?;
@@ -120,18 +127,6 @@ fn take_ended(completed: Vec<(usize, Option<RowSampling>)>, sampled: &mut [Presa
         }
     }
     wanted
-}
-
-/// Advances each sampled sequence's grammar (`device[seqs[k]]`) past its
-/// token `samples[k]`; a refusal is logged, not fatal.
-fn advance_grammars(device: &[Option<DeviceRow>], seqs: &[usize], samples: &[RowSample]) {
-    for (&seq, s) in seqs.iter().zip(samples) {
-        if let Some(c) = device[seq].as_ref().and_then(|d| d.constraint.as_ref()) {
-            if let Err(e) = lock(c).accept(s.token) {
-                tracing::warn!("the grammar refused sampled token {}: {e}", s.token);
-            }
-        }
-    }
 }
 
 /// Puts `samples[k]` on sequence `seqs[k]` in `sampled` (batch order).
@@ -159,13 +154,9 @@ fn split_host_logits(ranges: &[Range<usize>], sampled: &[Presampled], host: &[f3
         .collect()
 }
 
-fn lock(c: &crate::grammar::SharedConstraint) -> std::sync::MutexGuard<'_, crate::grammar::Constraint> {
-    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{config, grammar, sampled_seq, GRAMMAR_VOCAB};
+    use super::super::tests::{config, sampled_seq};
     use super::*;
     use crate::batch::{LogitsRequest, SeqInput};
     use crate::sampling::SamplingParams;
@@ -237,21 +228,5 @@ mod tests {
         assert_eq!(split_host_logits(&ranges, &sampled, &[], 4), vec![Vec::<f32>::new(); 3]);
         // A graph's padded buffer: only up to the last owned row is copied.
         assert_eq!(host_rows(&[0..0, 1..2, 2..3], &[Presampled::No, Presampled::No, token(3, 0.0)]), Some(3));
-    }
-
-    #[test]
-    fn sampled_tokens_advance_their_own_grammar_and_a_refused_one_is_not_fatal() -> std::result::Result<(), String> {
-        let (c, [a, b, x]) = grammar("start: \"ab\"", ["a", "b", "x"])?;
-        let seq = sampled_seq(SamplingParams::default(), LogitsRequest::None, Some(c));
-        let batch = ForwardBatch { seqs: vec![sampled_seq(SamplingParams::default(), LogitsRequest::None, None), seq] };
-        let device = super::super::sample::device_rows(&batch, &[0..1, 1..2]);
-        let grammar_row = device[1].as_ref().ok_or("a device row")?;
-        let allowed = |d: &DeviceRow| super::super::sample::complete(d, &batch.seqs[1], GRAMMAR_VOCAB).and_then(|r| r.mask).map(|m| m[b as usize / 32] >> (b % 32) & 1 == 1);
-        assert_eq!(allowed(grammar_row), Some(false), "b is not allowed first");
-        // Sequence 0 has no grammar; sequence 1's advances past a.
-        advance_grammars(&device, &[0, 1], &[sample(x, 0.0), sample(a, 0.0)]);
-        assert_eq!(allowed(grammar_row), Some(true), "b follows a");
-        advance_grammars(&device, &[1], &[sample(x, 0.0)]);
-        Ok(())
     }
 }

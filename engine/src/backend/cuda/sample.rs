@@ -1,20 +1,18 @@
 //! Which sequences of a step sample on the GPU: every one that samples,
 //! except those asking for top logprobs or for their logits back (the host
-//! sampler serves those from copied logits). Grammar masks and penalties
-//! go with the row: the mask is computed on the host (llguidance) right
-//! before the launch, and the grammar advances on the sampled token after.
+//! sampler serves those from copied logits). Grammar masks (computed by the
+//! scheduler) and penalty counts (kept by the executor) go with the row.
 
-use crate::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
-use crate::grammar::SharedConstraint;
+use crate::batch::{ForwardBatch, LogitsRequest, SeqInput};
 use crate::runner::step_uniform;
+use crate::sampling::PenaltyCounts;
 use spindle_kernels::device::RowSampling;
 use std::ops::Range;
 
-/// A sequence sampled on the GPU: its row's parameters and its grammar.
+/// A sequence sampled on the GPU: its row's parameters.
 #[derive(Debug, Clone)]
 pub(super) struct DeviceRow {
     pub(super) sampling: RowSampling,
-    pub(super) constraint: Option<SharedConstraint>,
 }
 
 /// Per sequence: how its last wanted row is sampled on the device, or
@@ -35,50 +33,32 @@ fn device_row(seq: &SeqInput, range: &Range<usize>) -> Option<DeviceRow> {
         frequency_penalty: p.frequency_penalty,
         ..RowSampling::plain(range.end - 1, p.temperature, p.top_k, p.top_p, p.min_p, step_uniform(s))
     };
-    Some(DeviceRow { sampling, constraint: s.constraint.clone() })
+    Some(DeviceRow { sampling })
 }
 
-/// `row` completed for sequence `seq`: its penalties' tokens and its
-/// grammar's mask (`None`: the grammar allows nothing, the sequence ends).
-/// Run after the step's kernels are queued, one sequence per thread.
-pub(super) fn complete(row: &DeviceRow, seq: &SeqInput, vocab: usize) -> Option<RowSampling> {
+/// `row` completed for sequence `seq`: the tokens its penalties count and
+/// its grammar's mask over `vocab` (`None`: the mask allows nothing, the
+/// sequence ends). Run after the step's kernels are queued.
+pub(super) fn complete(row: &DeviceRow, seq: &SeqInput, penalties: Option<&PenaltyCounts>, vocab: usize) -> Option<RowSampling> {
     let mut sampling = row.sampling.clone();
-    if let Some(s) = &seq.sampling {
-        sampling.seen = seen_tokens(s);
+    if let Some(counts) = penalties.filter(|_| seq.sampling.as_ref().is_some_and(|s| s.params.has_penalties())) {
+        sampling.seen = counts.seen().to_vec();
     }
-    if let Some(c) = &row.constraint {
-        sampling.mask = Some(c.lock().unwrap_or_else(std::sync::PoisonError::into_inner).mask_words(vocab)?);
+    if let Some(mask) = seq.sampling.as_ref().and_then(|s| s.mask.as_ref()) {
+        if mask.allows_none() {
+            return None;
+        }
+        sampling.mask = Some(mask.words_for(vocab));
     }
     Some(sampling)
-}
-
-/// The distinct tokens the penalties touch, in increasing order, each with
-/// its count in the output: the prompt's too when the repetition penalty is on.
-fn seen_tokens(s: &SeqSampling) -> Vec<(u32, u32)> {
-    let p = &s.params;
-    if !SeqSampling::needs_output_tokens(p) {
-        return Vec::new();
-    }
-    // (token, 1 per output occurrence, 0 for a prompt one), sorted, then merged.
-    let prompt = if p.repetition_penalty != 1.0 { s.prompt_tokens.as_slice() } else { &[] };
-    let mut all: Vec<(u32, u32)> = prompt.iter().map(|&t| (t, 0)).chain(s.output_tokens.iter().map(|&t| (t, 1))).collect();
-    all.sort_unstable();
-    let mut merged: Vec<(u32, u32)> = Vec::with_capacity(all.len());
-    for (t, c) in all {
-        match merged.last_mut() {
-            Some(last) if last.0 == t => last.1 += c,
-            _ => merged.push((t, c)),
-        }
-    }
-    merged
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests::{grammar, sampled_seq, GRAMMAR_VOCAB};
     use super::*;
+    use crate::batch::TokenMask;
     use crate::sampling::SamplingParams;
-    use std::sync::Arc;
 
     /// Sequence `seq`'s device row with its wanted rows `range`.
     fn row(seq: SeqInput, range: Range<usize>) -> Option<DeviceRow> {
@@ -89,7 +69,7 @@ mod tests {
     #[test]
     fn plain_and_greedy_rows_sample_on_the_device_at_their_last_wanted_row() {
         let greedy = row(sampled_seq(SamplingParams::default(), LogitsRequest::None, None), 2..3);
-        assert!(matches!(&greedy, Some(d) if d.sampling == RowSampling::plain(2, 0.0, 0, 1.0, 0.0, d.sampling.uniform) && d.constraint.is_none()), "{greedy:?}");
+        assert!(matches!(&greedy, Some(d) if d.sampling == RowSampling::plain(2, 0.0, 0, 1.0, 0.0, d.sampling.uniform)), "{greedy:?}");
         let p = SamplingParams { temperature: 0.7, top_k: 40, top_p: 0.9, min_p: 0.05, seed: Some(11), logprobs: true, ..SamplingParams::default() };
         let s = sampled_seq(p.clone(), LogitsRequest::None, None);
         let uniform = s.sampling.as_ref().map(step_uniform);
@@ -102,9 +82,8 @@ mod tests {
         let p = SamplingParams { repetition_penalty: 1.2, presence_penalty: 0.5, frequency_penalty: 0.25, ..SamplingParams::default() };
         let penalised = row(sampled_seq(p, LogitsRequest::None, None), 0..1).ok_or("penalties stay on the device")?;
         assert_eq!((penalised.sampling.repetition_penalty, penalised.sampling.presence_penalty, penalised.sampling.frequency_penalty), (1.2, 0.5, 0.25));
-        let (c, _) = grammar("start: \"ab\"", [])?;
-        let constrained = row(sampled_seq(SamplingParams::default(), LogitsRequest::None, Some(c.clone())), 0..1).ok_or("grammars stay on the device")?;
-        assert!(constrained.constraint.is_some_and(|d| Arc::ptr_eq(&d, &c)), "the sequence's own grammar");
+        let mask = Some(TokenMask::from_words(vec![0b10]));
+        row(sampled_seq(SamplingParams::default(), LogitsRequest::None, mask), 0..1).ok_or("grammars stay on the device")?;
         Ok(())
     }
 
@@ -137,32 +116,26 @@ mod tests {
         let p = SamplingParams { presence_penalty: 0.5, ..SamplingParams::default() };
         let s = sampled_seq(p, LogitsRequest::None, None);
         let d = row(s.clone(), 0..1).ok_or("a device row")?;
-        let done = complete(&d, &s, 100).ok_or("no grammar, always a row")?;
-        assert_eq!((done.seen, done.mask), (vec![(5, 2), (6, 1)], None), "output counts only (no repetition penalty)");
+        let counts = PenaltyCounts::new(&[], &[5, 6, 5]);
+        let done = complete(&d, &s, Some(&counts), 100).ok_or("no grammar, always a row")?;
+        assert_eq!((done.seen, done.mask), (vec![(5, 2), (6, 1)], None), "the executor's counts");
+        let plain = sampled_seq(SamplingParams::default(), LogitsRequest::None, None);
+        let done = complete(&d, &plain, Some(&counts), 100).ok_or("a row")?;
+        assert!(done.seen.is_empty(), "no penalty on, no counts sent");
 
         let (c, [a, b]) = grammar("start: \"ab\"", ["a", "b"])?;
-        let s = sampled_seq(SamplingParams::default(), LogitsRequest::None, Some(c.clone()));
+        let next = || c.lock().map(|mut c| c.next_mask()).map_err(|e| e.to_string());
+        let s = sampled_seq(SamplingParams::default(), LogitsRequest::None, Some(next()?));
         let d = row(s.clone(), 0..1).ok_or("a device row")?;
-        let mask = complete(&d, &s, GRAMMAR_VOCAB).and_then(|r| r.mask).ok_or("a grammar mask")?;
+        let mask = complete(&d, &s, None, GRAMMAR_VOCAB).and_then(|r| r.mask).ok_or("a grammar mask")?;
+        assert_eq!(mask.len(), GRAMMAR_VOCAB.div_ceil(32));
         let allowed: Vec<u32> = (0..GRAMMAR_VOCAB as u32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect();
         assert_eq!(allowed, vec![a], "only the grammar's first token");
         for t in [a, b] {
             c.lock().map_err(|e| e.to_string())?.accept(t).map_err(|e| e.to_string())?;
         }
-        assert!(complete(&d, &s, GRAMMAR_VOCAB).is_none(), "a finished grammar allows nothing: the sequence ends");
+        let s = sampled_seq(SamplingParams::default(), LogitsRequest::None, Some(next()?));
+        assert!(complete(&d, &s, None, GRAMMAR_VOCAB).is_none(), "a finished grammar allows nothing: the sequence ends");
         Ok(())
-    }
-
-    fn seq(params: SamplingParams, prompt: Vec<u32>, output: Vec<u32>) -> SeqSampling {
-        SeqSampling { params, constraint: None, generated: output.len(), output_tokens: output, prompt_tokens: prompt }
-    }
-
-    #[test]
-    fn seen_tokens_count_the_output_and_add_the_prompt_only_for_repetition() {
-        let freq = SamplingParams { frequency_penalty: 0.5, ..SamplingParams::default() };
-        assert_eq!(seen_tokens(&seq(freq, vec![9, 9, 4], vec![4, 7, 4])), vec![(4, 2), (7, 1)]);
-        let rep = SamplingParams { repetition_penalty: 1.3, ..SamplingParams::default() };
-        assert_eq!(seen_tokens(&seq(rep, vec![9, 9, 4], vec![4, 7, 4])), vec![(4, 2), (7, 1), (9, 0)]);
-        assert!(seen_tokens(&seq(SamplingParams::default(), vec![1], vec![2])).is_empty(), "no penalties, no entries");
     }
 }
