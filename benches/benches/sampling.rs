@@ -4,7 +4,7 @@
 //! `cargo bench -p spindle-benches --bench sampling`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use spindle_engine::sampling::{Sampler, SamplingParams};
+use spindle_engine::sampling::{PenaltyCounts, Sampler, SamplingParams};
 use spindle_engine::tokenizer::IncrementalDecoder;
 use std::hint::black_box;
 
@@ -36,13 +36,16 @@ fn bench_sampling(c: &mut Criterion) {
             SamplingParams { temperature: 0.7, repetition_penalty: 1.1, presence_penalty: 0.5, seed: Some(1), ..SamplingParams::default() },
         ),
     ];
+    // The history's counts, as the executor keeps them across steps.
+    let counts = PenaltyCounts::new(&history[..128], &history[128..]);
     for (name, params) in cases {
+        let penalties = params.has_penalties().then_some(&counts);
         let mut sampler = Sampler::new(params).expect("valid params");
         let mut work = base.clone();
         group.bench_function(name, |b| {
             b.iter(|| {
                 work.copy_from_slice(&base);
-                black_box(sampler.sample(&mut work, &history[..128], &history[128..]))
+                black_box(sampler.sample_counted(&mut work, penalties))
             })
         });
     }

@@ -240,8 +240,8 @@ impl Constraint {
 
     /// The tokens allowed next as bits over `vocab` ids (bit `t % 32` of
     /// word `t / 32`; ids past the grammar's vocabulary are forbidden), the
-    /// mask [`Self::mask_logits`] applies, for a sampler that masks on its
-    /// own (the GPU's). `None` when no token is allowed.
+    /// mask [`Self::mask_logits`] and [`Self::next_mask`] give. `None` when
+    /// no token is allowed.
     pub fn mask_words(&mut self, vocab: usize) -> Option<Vec<u32>> {
         let words = vocab.div_ceil(32);
         let phase = self.gate.map(|g| g.phase);
@@ -310,7 +310,6 @@ impl Constraint {
         self.matcher.is_accepting().unwrap_or(false)
     }
 }
-
 
 #[cfg(test)]
 mod tests;

@@ -23,9 +23,9 @@ pub struct ExecutorInfo {
 pub trait Executor: Send {
     /// Run one step and sample where asked.
     fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput>;
-    /// Forget what was kept for these sequences (their block tables): they
-    /// finished, failed, were aborted or preempted. A later step names them
-    /// with a whole table again.
+    /// Forget what was kept for these sequences (their block tables and
+    /// penalty histories): they finished, failed, were aborted or
+    /// preempted. A later step sends them whole again.
     fn release(&mut self, _ids: &[crate::batch::SeqId]) {}
     /// The model's context window.
     fn context_length(&self) -> usize;

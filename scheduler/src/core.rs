@@ -62,7 +62,8 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     metrics: Arc<Metrics>,
-    /// Sequences whose executor state (block tables) is to be dropped.
+    /// Sequences whose executor state (block tables, penalty histories) is
+    /// to be dropped.
     released: Vec<RequestId>,
 }
 
@@ -105,7 +106,8 @@ impl Scheduler {
     }
 
     /// Sequences that left the running set (finished, failed, aborted,
-    /// preempted) since the last call: the executor forgets their tables.
+    /// preempted) since the last call: the executor forgets their tables
+    /// and penalty histories.
     pub fn take_released(&mut self) -> Vec<RequestId> {
         std::mem::take(&mut self.released)
     }

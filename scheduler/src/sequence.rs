@@ -3,9 +3,9 @@
 use crate::kv_cache::SeqKv;
 use crate::output::OutputProcessor;
 use crate::request::{GenerationEvent, GenerationRequest, Usage};
-use spindle_engine::tokenizer::Tokenizer;
 use spindle_engine::batch::PenaltyHistory;
 use spindle_engine::sampling::SamplingParams;
+use spindle_engine::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Identifies a request for `abort`.

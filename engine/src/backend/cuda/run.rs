@@ -94,8 +94,9 @@ fn finish(
     let mut host = Vec::new();
     let mut sampled: Vec<Presampled> = vec![Presampled::No; ranges.len()];
     if let Some(logits) = logits {
-        // Penalty lists and grammar masks, one sequence per thread, while
-        // the GPU runs the step.
+        // Each row's penalty list and mask (the mask was computed by the
+        // scheduler before the step: on the GPU its cost is not overlapped
+        // with the forward pass), one sequence per thread.
         let completed: Vec<(usize, Option<RowSampling>)> = device
             .par_iter()
             .enumerate()
