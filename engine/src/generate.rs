@@ -80,13 +80,12 @@ fn generate_inner(
         return Err(EngineError::ContextLengthExceeded { len: req.prompt.len(), max: ctx });
     }
     let bs = runner.block_size();
-    // This loop resends the whole history each step (it keeps nothing on
-    // the executor between calls).
+    // The penalties' history goes whole with the first sample, then one
+    // token per step (the executor keeps it under id 0).
     let prompt = if req.sampling.penalizes_prompt() { req.prompt.clone() } else { Vec::new() };
-    let history = |output: &[u32]| PenaltyHistory::Full { prompt: prompt.clone(), output: output.to_vec() };
-    let keep_outputs = req.sampling.has_penalties();
-    let mut outputs: Vec<u32> = Vec::new();
-    let mut sampling = SeqSampling { params: req.sampling.clone(), mask: None, generated: 0, history: keep_outputs.then(|| history(&outputs)) };
+    let penalised = req.sampling.has_penalties();
+    let first_history = PenaltyHistory::Full { prompt, output: Vec::new() };
+    let mut sampling = SeqSampling { params: req.sampling.clone(), mask: None, generated: 0, history: penalised.then_some(first_history) };
     let started = Instant::now();
     let chunk = req.prefill_chunk.max(1);
     let mut pos = 0;
@@ -121,9 +120,8 @@ fn generate_inner(
             break FinishReason::Cancelled;
         }
         sampling.generated += 1;
-        if keep_outputs {
-            outputs.push(tok.token);
-            sampling.history = Some(history(&outputs));
+        if penalised {
+            sampling.history = Some(PenaltyHistory::Append(vec![tok.token]));
         }
         if generated >= req.max_tokens {
             break FinishReason::Length;
@@ -150,4 +148,55 @@ fn generate_inner(
         decode_time: decode_start.elapsed(),
         finish,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::KvGeometry;
+    use crate::batch::{SeqOutput, StepOutput};
+    use crate::sampling::PenaltyBook;
+
+    /// Keeps penalty histories as a real executor does and samples a
+    /// repeating token sequence, recording the counts it saw each sample.
+    #[derive(Default)]
+    struct CountingRunner {
+        book: PenaltyBook,
+        seen: Vec<Vec<(u32, u32)>>,
+        whole: usize,
+    }
+
+    impl Executor for CountingRunner {
+        fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
+            self.book.update(batch)?;
+            let history = batch.seqs[0].sampling.as_ref().and_then(|s| s.history.as_ref());
+            self.whole += usize::from(matches!(history, Some(PenaltyHistory::Full { .. })));
+            let counts = self.book.for_batch(batch);
+            self.seen.push(counts[0].map(|c| c.seen().to_vec()).unwrap_or_default());
+            let token = 7 + (self.seen.len() % 2) as u32;
+            let sampled = batch.seqs[0].sampling.as_ref().map(|_| SampledToken { token, logprob: 0.0, top_logprobs: Vec::new() });
+            Ok(StepOutput { seqs: vec![SeqOutput { sampled, ..SeqOutput::default() }] })
+        }
+
+        fn context_length(&self) -> usize {
+            64
+        }
+
+        fn kv_geometry(&self) -> KvGeometry {
+            KvGeometry { block_size: 4, num_blocks: 16, bytes_per_block: 0 }
+        }
+    }
+
+    #[test]
+    fn the_penalty_history_goes_whole_once_then_one_token_per_step() -> Result<()> {
+        let sampling = SamplingParams { repetition_penalty: 1.2, ..SamplingParams::default() };
+        let req = GenerateRequest { prompt: vec![3, 3, 5], max_tokens: 4, sampling, stop_tokens: Vec::new(), prefill_chunk: 8 };
+        let (mut runner, mut alloc) = (CountingRunner::default(), BlockAllocator::new(16));
+        generate(&mut runner, &mut alloc, &req, &mut |_| true)?;
+        // Samples 8, 7, 8, 7: each step counts the prompt and every earlier token.
+        let expected = vec![vec![(3, 0), (5, 0)], vec![(3, 0), (5, 0), (8, 1)], vec![(3, 0), (5, 0), (7, 1), (8, 1)], vec![(3, 0), (5, 0), (7, 1), (8, 2)]];
+        assert_eq!(runner.seen, expected);
+        assert_eq!(runner.whole, 1, "the whole history is sent once");
+        Ok(())
+    }
 }

@@ -168,10 +168,6 @@ impl<B: Backend> Decoder<B> {
         self.tables.len()
     }
 
-    /// Sequences whose penalty histories are kept.
-    pub fn kept_histories(&self) -> usize {
-        self.penalties.len()
-    }
 }
 
 impl<B: Backend + 'static> Executor for Decoder<B> {
