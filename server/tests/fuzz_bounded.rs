@@ -9,7 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use serde_json::{json, Map, Value};
-use spindle_server::app::chat::request::chat_to_responses;
+use spindle_server::app::chat::request::{chat_to_responses, ChatBody};
+use spindle_server::app::extract::from_value;
 use spindle_server::app::sse;
 use spindle_server::app::tool_parser::ToolCallParser;
 use spindle_server::protocol::mapper::MapperInput;
@@ -124,7 +125,7 @@ fn chat_mapping_and_validation_never_panic() {
     let (mut mapped, mut valid_count) = (0, 0);
     for i in 0..CASES {
         let body = if i % 2 == 0 { mutate(&mut rng, &valid, CHAT_KEYS) } else { value(&mut rng, CHAT_KEYS, 4) };
-        match chat_to_responses(&body) {
+        match from_value::<ChatBody>(body.clone()).and_then(chat_to_responses) {
             Ok((responses_body, _)) => {
                 mapped += 1;
                 match validate(responses_body, &limits) {

@@ -63,7 +63,7 @@ impl ResponseStore for SlowStore {
     fn delete(&self, id: &str) -> Result<bool, StoreError> {
         self.0.delete(id)
     }
-    fn input_items(&self, id: &str, after: Option<&str>, limit: usize, order: Order) -> Result<Option<Vec<Value>>, StoreError> {
+    fn input_items(&self, id: &str, after: Option<&str>, limit: usize, order: Order) -> Result<Option<Vec<spindle_server::protocol::InputItem>>, StoreError> {
         self.0.input_items(id, after, limit, order)
     }
     fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError> {

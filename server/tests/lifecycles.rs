@@ -125,15 +125,15 @@ async fn a_client_that_stops_reading_loses_its_stream_after_the_stall_timeout() 
     let body = long(json!({"stream": true, "store": false}));
     let turn = start_turn(&s.state, body, None, &Tenant::anonymous()).await.expect("started");
     // The client's buffer: it is never read.
-    let (tx, _unread) = tokio::sync::mpsc::channel::<String>(64);
+    let (tx, _unread) = tokio::sync::mpsc::channel(64);
     let started = std::time::Instant::now();
-    let response = tokio::time::timeout(Duration::from_secs(60), drive(s.state.clone(), turn.stream, turn.mapper, Some(Sink::sse(tx)), turn.persist))
+    let response = tokio::time::timeout(Duration::from_secs(60), drive(s.state.clone(), turn.stream, turn.mapper, Some(Sink::new(tx)), turn.persist))
         .await
         .expect("the generation ended on its own instead of at the stall timeout");
     let took = started.elapsed();
-    assert_eq!(response["status"], "cancelled", "{response}");
-    let produced = response["usage"].is_null() || response["usage"]["output_tokens"].as_u64().unwrap_or(0) < 4000;
-    assert!(produced, "{response}");
+    assert_eq!(response.status, spindle_server::protocol::ResponseStatus::Cancelled, "{response:?}");
+    let produced = response.usage.is_none_or(|u| u.output_tokens < 4000);
+    assert!(produced, "{response:?}");
     assert!(took < Duration::from_secs(20), "took {took:?} for 4000 tokens nobody read");
     common::assert_blocks_freed(&s, 5, "after the stall").await;
 }

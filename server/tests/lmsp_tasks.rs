@@ -219,6 +219,7 @@ async fn one_idempotency_key_makes_one_task() {
 /// `response.failed`, not a 410.
 #[tokio::test]
 async fn a_reader_resuming_after_a_crash_reaches_the_final_event() {
+    use spindle_server::protocol::lmsp::{LmspDelta, LmspEvent};
     use spindle_server::store::{TaskEvent, TaskRecord};
     let s = common::start(vec![], Limits::default()).await;
     let task = TaskRecord {
@@ -228,11 +229,12 @@ async fn a_reader_resuming_after_a_crash_reaches_the_final_event() {
         status: "in_progress".into(),
         finished_at: None,
         last_event_id: 5,
-        response: Value::Null,
+        response: None,
         tenant: String::new(),
     };
     s.state.store.put_task(&task).unwrap();
-    let stored: Vec<TaskEvent> = (1..=5).map(|id| TaskEvent { id, event: "response.output_text.delta".into(), data: json!({"delta": "x"}) }).collect();
+    let delta = |id| LmspEvent::OutputTextDelta(LmspDelta { response_id: "resp_crashed".into(), item_id: "msg_1".into(), delta: format!("x{id}") });
+    let stored: Vec<TaskEvent> = (1..=5).map(|id| TaskEvent { id, event: delta(id) }).collect();
     s.state.store.append_task_events("task_crashed", &stored).unwrap();
     // What the next start does for a task the previous process left running.
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;

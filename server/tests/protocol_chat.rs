@@ -4,6 +4,12 @@
 use serde_json::{json, Value};
 use spindle_server::protocol::{to_chat_messages, validate, InputItem, RequestLimits};
 
+/// The template messages as JSON (what the template sees).
+fn chat(instructions: Option<&str>, items: &[InputItem]) -> Result<Vec<Value>, spindle_server::protocol::error::ApiError> {
+    let messages = to_chat_messages(instructions, items)?;
+    Ok(messages.iter().map(|m| serde_json::to_value(m).unwrap()).collect())
+}
+
 fn items(input: Value) -> Vec<InputItem> {
     validate(json!({"input": input}), &RequestLimits::default())
         .unwrap()
@@ -19,7 +25,7 @@ fn instructions_and_messages_of_every_role() {
         {"role": "assistant", "phase": "final_answer", "content": [{"type": "output_text", "text": "A", "annotations": []}]},
         {"role": "assistant", "content": [{"type": "refusal", "refusal": "R"}]}
     ]));
-    let msgs = to_chat_messages(Some("Be brief."), &input).unwrap();
+    let msgs = chat(Some("Be brief."), &input).unwrap();
     assert_eq!(
         msgs,
         vec![
@@ -32,7 +38,7 @@ fn instructions_and_messages_of_every_role() {
         ]
     );
     assert_eq!(
-        to_chat_messages(Some(""), &items(json!("hi"))).unwrap(),
+        chat(Some(""), &items(json!("hi"))).unwrap(),
         vec![json!({"role": "user", "content": "hi"})]
     );
 }
@@ -50,7 +56,7 @@ fn function_calls_and_outputs() {
         {"type": "function_call", "call_id": "call_3", "name": "log", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_unknown", "output": "ok"}
     ]));
-    let msgs = to_chat_messages(None, &input).unwrap();
+    let msgs = chat(None, &input).unwrap();
     assert_eq!(
         msgs,
         vec![
@@ -77,7 +83,7 @@ fn reasoning_goes_to_the_next_assistant_message_or_its_own() {
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "dangling"}]}
     ]));
     assert_eq!(
-        to_chat_messages(None, &input).unwrap(),
+        chat(None, &input).unwrap(),
         vec![
             json!({"role": "assistant", "content": "answer", "reasoning_content": "raw"}),
             json!({"role": "assistant", "content": "", "reasoning_content": "dangling"}),
@@ -102,7 +108,7 @@ fn images_files_video_are_unsupported_with_param() {
         ),
     ];
     for (input, param) in cases {
-        let e = to_chat_messages(None, &items(input)).unwrap_err();
+        let e = chat(None, &items(input)).unwrap_err();
         assert_eq!(e.status, 400);
         assert_eq!(e.code.as_deref(), Some("unsupported_capability"));
         assert_eq!(e.param.as_deref(), Some(param));
@@ -112,13 +118,13 @@ fn images_files_video_are_unsupported_with_param() {
 
 #[test]
 fn unresolved_references_and_compaction_are_errors() {
-    let e = to_chat_messages(
+    let e = chat(
         None,
         &items(json!([{"type": "item_reference", "id": "msg_1"}])),
     )
     .unwrap_err();
     assert_eq!((e.status, e.param.as_deref()), (400, Some("input[0].id")));
-    let e = to_chat_messages(
+    let e = chat(
         None,
         &items(json!([{"type": "compaction", "encrypted_content": "x"}])),
     )

@@ -7,7 +7,6 @@ mod store_common;
 
 use std::sync::Arc;
 
-use serde_json::json;
 use spindle_server::store::{
     sqlite::SCHEMA_VERSION, Order, ResponseStore, SqliteStore, StoreConfig, StoreError,
 };
@@ -98,10 +97,10 @@ fn restart_marks_unfinished_failed() {
     assert_eq!(s.mark_unfinished_failed().unwrap(), 1);
     let r = s.get("resp_3").unwrap().unwrap();
     assert_eq!(
-        (r.status.as_str(), &r.response["status"]),
-        ("failed", &json!("failed"))
+        (r.status.as_str(), r.response.status),
+        ("failed", spindle_server::protocol::ResponseStatus::Failed)
     );
-    assert_eq!(r.response["error"]["code"], "server_error");
+    assert_eq!(r.response.error.map(|e| e.code).as_deref(), Some("server_error"));
     let last = s.events("resp_3", Some(1)).unwrap().unwrap();
     assert_eq!(last[0]["type"], "response.failed");
 }

@@ -163,7 +163,7 @@ fn survives_abort_and_fails_unfinished_on_restart() {
     assert_eq!(store.mark_unfinished_failed().unwrap(), 1);
     let after = store.get("resp_bg").unwrap().unwrap();
     assert_eq!(after.status, "failed");
-    assert_eq!(after.response["error"]["code"], "server_error");
+    assert_eq!(after.response.error.map(|e| e.code).as_deref(), Some("server_error"));
     let events = store.events("resp_bg", None).unwrap().unwrap();
     assert_eq!(events.len(), 2);
     assert_eq!(events[1]["type"], "response.failed");

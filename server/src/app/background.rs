@@ -7,9 +7,8 @@ use super::drive::{drive, Persist};
 use super::state::AppState;
 use crate::protocol::error::ApiError;
 use crate::protocol::mapper::ResponseMapper;
-use crate::protocol::request::ValidRequest;
+use crate::protocol::{ResponseObject, ResponseStatus};
 use crate::store::StoredResponse;
-use serde_json::{json, Value};
 use spindle_scheduler::RequestId;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -79,20 +78,10 @@ pub async fn start(
     mapper: ResponseMapper,
     mut persist: Persist,
     id: String,
-    req: &ValidRequest,
-) -> Result<Value, ApiError> {
-    let mut queued = serde_json::to_value(mapper.response()).map_err(|e| ApiError::internal(e.to_string()))?;
-    queued["status"] = json!("queued");
-    let record = StoredResponse {
-        id: id.clone(),
-        created_at: queued["created_at"].as_i64().unwrap_or(0),
-        status: "queued".into(),
-        previous_response_id: req.previous_response_id.clone(),
-        background: true,
-        response: queued.clone(),
-        input_items: persist.input_items.clone(),
-        tenant: persist.tenant.as_str().to_string(),
-    };
+) -> Result<ResponseObject, ApiError> {
+    let mut queued = mapper.response();
+    queued.status = ResponseStatus::Queued;
+    let record = StoredResponse::new(queued.clone(), &persist.input_items, true, persist.tenant.as_str());
     super::responses::with_store(&state, move |s| s.put(&record)).await?;
     let handle = Background::new(stream.id());
     persist.control = Some(handle.clone());

@@ -19,7 +19,7 @@ pub async fn read_in_time(State(state): State<Arc<AppState>>, request: Request, 
     if request.body().is_end_stream() {
         return next.run(request).await;
     }
-    let problem_shape = request.uri().path().starts_with("/lmsp/");
+    let problem_shape = super::extract::wants_problem(request.uri().path());
     let (parts, body) = request.into_parts();
     let limit = state.limits.max_body_bytes;
     let read = tokio::time::timeout(state.limits.body_read_timeout, axum::body::to_bytes(body, limit)).await;

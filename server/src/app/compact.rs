@@ -3,19 +3,18 @@
 //! most recent turn kept verbatim. The `output` goes back as the `input` of a
 //! new chain, where the summary is opened and rendered as context.
 
-use super::responses::{input_items_json, unix_now};
+use super::responses::{stored_input_items, unix_now};
 use super::auth::Tenant;
 use super::state::AppState;
 use super::turn;
 use crate::protocol::error::ApiError;
-use crate::protocol::items::{InputMessage, MessageContent, Role};
+use crate::protocol::items::{CompactionInput, InputMessage, MessageContent, Role};
 use crate::protocol::request::{validate, RequestLimits};
-use crate::protocol::{to_chat_messages, InputItem};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use crate::protocol::{to_chat_messages, InputItem, Usage};
+use super::extract::JsonBody;
 use axum::extract::{Extension, State};
-use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use spindle_engine::sampling::SamplingParams;
 use spindle_scheduler::output::StopConditions;
@@ -27,58 +26,67 @@ const SUMMARY_TOKENS: usize = 160;
 const SUMMARY_INSTRUCTIONS: &str = "You compress conversations. Summarize the conversation below in a few sentences. Keep facts, names, numbers, decisions and open tasks. Write only the summary.";
 
 /// POST /v1/responses/compact
-pub async fn compact(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, body: Result<Bytes, BytesRejection>) -> Response {
-    match compact_inner(state, body, &tenant).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn compact_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, tenant: &Tenant) -> Result<Value, ApiError> {
-    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
-    let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
-    compact_value(state, value, None, tenant).await
+pub async fn compact(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, JsonBody(value): JsonBody<Value>) -> Result<Json<Compaction>, ApiError> {
+    compact_value(state, value, None, &tenant).await.map(Json)
 }
 
 /// Compacts the conversation of a `/compact` body. `local_history` (the
 /// WebSocket connection's memory of `previous_response_id`) replaces the
 /// store lookup when given.
-pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Option<Vec<Value>>, tenant: &Tenant) -> Result<Value, ApiError> {
-    if value.get("model").is_none_or(Value::is_null) {
-        return Err(ApiError::invalid("model", "Missing required parameter: 'model'.").with_code("missing_required_parameter"));
-    }
+pub async fn compact_value(state: Arc<AppState>, value: Value, local_history: Option<Vec<InputItem>>, tenant: &Tenant) -> Result<Compaction, ApiError> {
     let limits = RequestLimits {
         max_input_items: state.limits.max_input_items,
         max_tools: state.limits.max_tools,
         max_output_tokens: state.limits.max_output_tokens as u32,
     };
     let req = validate(value, &limits)?;
-    super::responses::check_model(&state, req.model.as_deref())?;
-    let history = turn::resolve_history(&state, req.previous_response_id.clone(), local_history, tenant).await?;
-    let mut json_items = history;
-    json_items.extend(input_items_json(&req));
-    let items: Vec<InputItem> = json_items
-        .iter()
-        .map(|v| serde_json::from_value::<InputItem>(v.clone()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| ApiError::internal(format!("a stored item no longer parses: {e}")))?;
-    let items = turn::open_compactions(&state, &items, "input", tenant)?;
-    let keep_from = items.iter().rposition(is_user_message).unwrap_or(items.len());
-    let (summary, usage) = summarize(&state, req.instructions.as_deref(), &items[..keep_from], tenant).await?;
-    let sealed = state.sealer.seal(json!({ "summary": summary }).to_string().as_bytes(), &seal_context(&state, tenant));
-    let mut output = vec![json!({
-        "type": "compaction",
-        "id": format!("cmp_{}", uuid::Uuid::new_v4().simple()),
-        "encrypted_content": sealed,
+    let Some(model) = req.model.as_deref() else {
+        return Err(ApiError::invalid("model", "Missing required parameter: 'model'.").with_code("missing_required_parameter"));
+    };
+    super::responses::check_model(&state, Some(model))?;
+    let mut history = turn::resolve_history(&state, req.previous_response_id.clone(), local_history, tenant).await?;
+    history.extend(stored_input_items(&req));
+    let opened = turn::open_compactions(&state, &history, "input", tenant)?;
+    let keep_from = opened.iter().rposition(is_user_message).unwrap_or(opened.len());
+    let (summary, usage) = summarize(&state, req.instructions.as_deref(), &opened[..keep_from], tenant).await?;
+    let plain = serde_json::to_vec(&SealedSummary { summary }).map_err(|e| ApiError::internal(e.to_string()))?;
+    let sealed = state.sealer.seal(&plain, &seal_context(&state, tenant));
+    let mut output = vec![InputItem::Compaction(CompactionInput {
+        id: Some(format!("cmp_{}", uuid::Uuid::new_v4().simple())),
+        encrypted_content: sealed,
     })];
-    output.extend(json_items[keep_from..].iter().cloned());
-    Ok(json!({
-        "id": format!("resp_{}", uuid::Uuid::new_v4().simple()),
-        "object": "response.compaction",
-        "created_at": unix_now(),
-        "output": output,
-        "usage": usage,
-    }))
+    output.extend_from_slice(&history[keep_from..]);
+    Ok(Compaction {
+        id: format!("resp_{}", uuid::Uuid::new_v4().simple()),
+        object: "response.compaction",
+        created_at: unix_now(),
+        output,
+        usage,
+    })
+}
+
+/// What a compaction item's `encrypted_content` holds, sealed.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct SealedSummary {
+    /// The model's summary of the compacted turns.
+    pub summary: String,
+}
+
+/// The answer of `/responses/compact`: the compacted window (a sealed
+/// summary, then the items from the last user message on) and the usage of
+/// writing the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct Compaction {
+    /// `resp_…`.
+    pub id: String,
+    /// `response.compaction`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// The window to send as the next input.
+    pub output: Vec<InputItem>,
+    /// Tokens spent summarizing.
+    pub usage: Usage,
 }
 
 /// What a compaction item is sealed to: the model, and the tenant (so one
@@ -99,13 +107,13 @@ fn is_user_message(item: &InputItem) -> bool {
 
 /// The model's summary of `items` (empty when there is nothing before the
 /// kept turn) and the usage of making it.
-async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputItem], tenant: &Tenant) -> Result<(String, Value), ApiError> {
+async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputItem], tenant: &Tenant) -> Result<(String, Usage), ApiError> {
     if items.is_empty() && instructions.is_none_or(str::is_empty) {
-        return Ok((String::new(), usage_json(0, 0, 0)));
+        return Ok((String::new(), Usage::new(0, 0, 0, 0)));
     }
     let transcript = to_chat_messages(instructions, items)?
         .iter()
-        .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or("user"), m["content"].as_str().unwrap_or("")))
+        .map(|m| format!("{}: {}", m.role, m.content))
         .collect::<Vec<_>>()
         .join("\n");
     let messages = vec![json!({"role": "system", "content": SUMMARY_INSTRUCTIONS}), json!({"role": "user", "content": transcript})];
@@ -141,7 +149,7 @@ async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputI
             Some(GenerationEvent::Delta { text, .. }) => summary.push_str(&text),
             Some(GenerationEvent::Finished { text, usage, .. }) => {
                 summary.push_str(&text);
-                let usage = usage_json(usage.input_tokens, usage.cached_tokens, usage.output_tokens);
+                let usage = Usage::new(usage.input_tokens, usage.cached_tokens, usage.output_tokens, 0);
                 return Ok((summary.trim().to_string(), usage));
             }
             Some(GenerationEvent::Failed { message }) => return Err(ApiError::model_error(message)),
@@ -149,16 +157,6 @@ async fn summarize(state: &AppState, instructions: Option<&str>, items: &[InputI
             None => return Err(ApiError::internal("the scheduler ended the compaction early")),
         }
     }
-}
-
-fn usage_json(input: usize, cached: usize, output: usize) -> Value {
-    json!({
-        "input_tokens": input,
-        "input_tokens_details": {"cached_tokens": cached},
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": input + output,
-    })
 }
 
 /// The message a compaction item becomes in the prompt.

@@ -1,19 +1,21 @@
 //! Driving one generation: scheduler events through the protocol mapper into
-//! SSE frames (streaming) or the final object (JSON), metrics, and the store.
+//! typed events for a transport to frame ([`Outgoing`]) or the final object
+//! (JSON), metrics, and the store.
 
 use super::reasoning::ReasoningSplitter;
-use super::sse;
 use super::state::AppState;
 use super::tools::{route_all, ToolCallParser};
 use crate::protocol::mapper::{FinishKind, MapperInput, ResponseMapper, UsageCounts};
+use crate::protocol::{ResponseObject, ResponseStatus, StreamEvent};
 use crate::store::StoredResponse;
-use serde_json::Value;
 use spindle_scheduler::{EventStream, GenerationEvent};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
+/// Events a stream queues for its reader before the generation waits.
+pub const STREAM_BUFFER: usize = 64;
 /// How long a frame may still wait for a slow reader once the request's
 /// deadline has passed or the server drains.
 const SEND_GRACE: Duration = Duration::from_secs(1);
@@ -23,7 +25,7 @@ pub struct Persist {
     /// Write the response (and its events) to the store.
     pub store: bool,
     /// This turn's input items, as stored.
-    pub input_items: Vec<Value>,
+    pub input_items: Vec<crate::protocol::InputItem>,
     /// Background mode.
     pub background: bool,
     /// Splits a thinking model's output into reasoning and answer.
@@ -46,27 +48,28 @@ pub struct Persist {
     pub logprobs: bool,
 }
 
-/// Run the generation to its end. With a `sink`, every event is sent as an
-/// SSE frame (then `[DONE]`); a closed sink aborts the generation (dropping
-/// the stream frees its KV blocks). With function tools, text goes through
-/// the tool-call parser ([`ToolCallParser`]). Returns the final response object.
+/// Run the generation to its end. With a `sink`, every event goes to it (then
+/// [`Outgoing::Done`]); a closed sink aborts the generation (dropping the
+/// stream frees its KV blocks). With function tools, text goes through the
+/// tool-call parser ([`ToolCallParser`]). Returns the final response object.
 pub async fn drive(
     state: Arc<AppState>,
     mut stream: EventStream,
     mut mapper: ResponseMapper,
     sink: Option<Sink>,
     mut persist: Persist,
-) -> Value {
+) -> ResponseObject {
     let mut reasoning = persist.reasoning.take();
     let mut summarizer = super::summary::Summarizer::new(persist.summary, state.model.think_tags, persist.cache_salt.take());
-    let mut events: Vec<Value> = Vec::new();
+    // The events are kept only to be stored with the response.
+    let mut events: Option<Vec<StreamEvent>> = persist.store.then(Vec::new);
     let mut timing = Timing::new();
     let deadline = tokio::time::Instant::now() + state.limits.request_timeout;
     let mut draining = state.draining.subscribe();
     let mut tool_calls = ToolCallParser::for_response(mapper.response_ref(), state.model.call_format);
     let tool_calls_on = tool_calls.is_some();
-    let mut alive = emit(&state, &sink, &mut events, mapper.start(), deadline).await;
-    let mut held: Vec<String> = Vec::new();
+    let mut alive = emit(&state, &sink, events.as_mut(), mapper.start(), deadline).await;
+    let mut held: Vec<StreamEvent> = Vec::new();
     let mut generated: Vec<u32> = Vec::new();
     while alive {
         let next = tokio::select! {
@@ -77,9 +80,7 @@ pub async fn drive(
         };
         let event = match next {
             Next::Idle => {
-                if sink.as_ref().is_some_and(|s| s.framing == Framing::Sse) {
-                    alive = send(&state, &sink, sse::KEEP_ALIVE.to_string(), deadline).await;
-                }
+                alive = send(&state, &sink, Outgoing::KeepAlive, deadline).await;
                 continue;
             }
             Next::Stop(why) => GenerationEvent::Failed { message: why.to_string() },
@@ -110,17 +111,17 @@ pub async fn drive(
         let outs: Vec<_> = inputs.into_iter().map(|input| mapper.push(input)).collect();
         if terminal {
             // Before the client can see the end and send the next turn.
-            let response = serde_json::to_value(mapper.response_ref()).unwrap_or(Value::Null);
-            record_tokens(&state, &response, std::mem::take(&mut persist.prompt), std::mem::take(&mut generated));
+            record_tokens(&state, mapper.response_ref(), std::mem::take(&mut persist.prompt), std::mem::take(&mut generated));
         }
         for out in outs {
             if terminal && persist.store {
                 // Held back until the response is stored: a client that
                 // chains on `previous_response_id` as soon as it sees
                 // `response.completed` must find it.
-                held.extend(log_only(sink.as_ref(), &mut events, out));
+                events.get_or_insert_default().extend(out.iter().cloned());
+                held.extend(out);
             } else {
-                alive = emit(&state, &sink, &mut events, out, deadline).await && alive;
+                alive = emit(&state, &sink, events.as_mut(), out, deadline).await && alive;
             }
         }
         if terminal {
@@ -131,93 +132,73 @@ pub async fn drive(
     // Stopped before its end (a cancel, or a streaming client gone): what it
     // produced is kept as `cancelled`.
     mapper.cancel();
-    let response = serde_json::to_value(mapper.response()).unwrap_or(Value::Null);
+    let response = mapper.into_response();
     let control = persist.control.take();
     let deleted = control.as_ref().is_some_and(|c| c.stopped() == Some(super::background::Stopped::Deleted));
     if persist.store && !deleted {
-        save(&state, &response, persist, events).await;
+        save(&state, &response, persist, events.unwrap_or_default()).await;
     }
     if let Some(control) = control {
         control.finish();
     }
-    for frame in held {
-        alive = alive && send(&state, &sink, frame, deadline).await;
+    for event in held {
+        alive = alive && send(&state, &sink, Outgoing::Event(event), deadline).await;
     }
-    if alive && sink.as_ref().is_some_and(|s| s.framing == Framing::Sse) {
-        send(&state, &sink, sse::DONE.to_string(), deadline).await;
+    if alive {
+        send(&state, &sink, Outgoing::Done, deadline).await;
     }
     response
 }
 
-/// Where a driven response's events go, and how they are framed.
+/// What a driven response hands its transport, in order. Each transport
+/// frames these itself (SSE, WebSocket, Chat Completions chunks, LMSP).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outgoing {
+    /// One semantic event.
+    Event(StreamEvent),
+    /// Nothing happened for a while (a long prefill): SSE writes a comment.
+    KeepAlive,
+    /// Every event was delivered (SSE writes `data: [DONE]`).
+    Done,
+}
+
+/// Where a driven response's events go.
 #[derive(Debug, Clone)]
 pub struct Sink {
-    tx: mpsc::Sender<String>,
-    framing: Framing,
-    /// Set before the terminal event's frames are sent.
+    tx: mpsc::Sender<Outgoing>,
+    /// Set before the terminal event is sent.
     ending: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
-/// How events are written to a [`Sink`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// SSE frames, keep-alive comments, `data: [DONE]` last.
-    Sse,
-    /// One JSON text per event (WebSocket). No `[DONE]`, and exactly one
-    /// terminal message: a mid-stream failure sends only `response.failed`
-    /// (its `error` field says why), not the SSE `error` event before it.
-    Json,
-}
-
 impl Sink {
-    /// SSE framing into `tx`.
-    pub fn sse(tx: mpsc::Sender<String>) -> Self {
-        Self { tx, framing: Framing::Sse, ending: None }
+    /// Events into `tx`.
+    pub fn new(tx: mpsc::Sender<Outgoing>) -> Self {
+        Self { tx, ending: None }
     }
 
-    /// JSON-per-message framing into `tx`.
-    pub fn json(tx: mpsc::Sender<String>) -> Self {
-        Self { tx, framing: Framing::Json, ending: None }
-    }
-
-    /// Also set `flag` before the terminal event's frames go out (so whoever
-    /// reads the terminal event knows the response is ending).
+    /// Also set `flag` before the terminal event goes out (so whoever reads
+    /// the terminal event knows the response is ending).
     pub fn with_ending_flag(mut self, flag: Arc<std::sync::atomic::AtomicBool>) -> Self {
         self.ending = Some(flag);
         self
     }
-
-    /// The frame for `event`, or `None` when this framing leaves it out.
-    fn frame(&self, event: &Value) -> Option<String> {
-        match self.framing {
-            Framing::Sse => Some(sse::frame(event)),
-            Framing::Json if event["type"] == "error" => None,
-            Framing::Json => Some(event.to_string()),
-        }
-    }
 }
 
-/// Records `events` in the log and returns their frames unsent.
-fn log_only(sink: Option<&Sink>, log: &mut Vec<Value>, events: Vec<crate::protocol::StreamEvent>) -> Vec<String> {
-    let mut frames = Vec::new();
-    for e in events {
-        let v = serde_json::to_value(&e).unwrap_or(Value::Null);
-        frames.extend(sink.and_then(|s| s.frame(&v)));
-        log.push(v);
-    }
-    frames
-}
-
+/// Sends `events` (logging them when there is a log); `false` once the
+/// client is gone.
 async fn emit(
     state: &AppState,
     sink: &Option<Sink>,
-    log: &mut Vec<Value>,
-    events: Vec<crate::protocol::StreamEvent>,
+    mut log: Option<&mut Vec<StreamEvent>>,
+    events: Vec<StreamEvent>,
     deadline: tokio::time::Instant,
 ) -> bool {
     let mut alive = true;
-    for frame in log_only(sink.as_ref(), log, events) {
-        alive = alive && send(state, sink, frame, deadline).await;
+    for event in events {
+        if let Some(log) = log.as_deref_mut() {
+            log.push(event.clone());
+        }
+        alive = alive && send(state, sink, Outgoing::Event(event), deadline).await;
     }
     alive
 }
@@ -226,9 +207,9 @@ async fn emit(
 /// not made room for it within the stall timeout (nor by the request's
 /// deadline, nor shortly after the server starts draining): the caller then
 /// ends the generation and its KV blocks are freed.
-async fn send(state: &AppState, sink: &Option<Sink>, frame: String, deadline: tokio::time::Instant) -> bool {
+async fn send(state: &AppState, sink: &Option<Sink>, outgoing: Outgoing, deadline: tokio::time::Instant) -> bool {
     let Some(s) = sink else { return true };
-    let frame = match s.tx.try_send(frame) {
+    let frame = match s.tx.try_send(outgoing) {
         Ok(()) => return true,
         Err(mpsc::error::TrySendError::Closed(_)) => return false,
         Err(mpsc::error::TrySendError::Full(frame)) => frame,
@@ -254,8 +235,7 @@ async fn send(state: &AppState, sink: &Option<Sink>, frame: String, deadline: to
 
 /// A background response that has started generating reads `in_progress`.
 async fn mark_in_progress(state: &Arc<AppState>, mapper: &ResponseMapper, persist: &Persist) {
-    let response = serde_json::to_value(mapper.response_ref()).unwrap_or(Value::Null);
-    let record = stored_record(&response, persist);
+    let record = stored_record(mapper.response_ref(), persist);
     if let Err(e) = super::responses::with_store(state, move |s| s.put(&record)).await {
         tracing::warn!("recording a background response as in_progress failed: {}", e.message);
     }
@@ -402,22 +382,16 @@ fn stop_signal(state: &AppState, sink: Option<&Sink>) -> impl std::future::Futur
 }
 
 /// Records a completed or incomplete turn's ids in the ledger.
-fn record_tokens(state: &AppState, response: &Value, mut prompt: Vec<u32>, generated: Vec<u32>) {
-    let status = response.get("status").and_then(Value::as_str);
-    if !matches!(status, Some("completed" | "incomplete")) || prompt.is_empty() {
+fn record_tokens(state: &AppState, response: &ResponseObject, mut prompt: Vec<u32>, generated: Vec<u32>) {
+    if !matches!(response.status, ResponseStatus::Completed | ResponseStatus::Incomplete) || prompt.is_empty() {
         return;
     }
-    let Some(id) = response.get("id").and_then(Value::as_str) else { return };
-    let item_ids = response
-        .get("output")
-        .and_then(Value::as_array)
-        .map(|items| items.iter().filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string)).collect())
-        .unwrap_or_default();
+    let item_ids = response.output.iter().map(|i| i.id().to_string()).collect();
     prompt.extend(generated);
-    state.model.ledger.record(id, item_ids, prompt);
+    state.model.ledger.record(&response.id, item_ids, prompt);
 }
 
-async fn save(state: &Arc<AppState>, response: &Value, persist: Persist, events: Vec<Value>) {
+async fn save(state: &Arc<AppState>, response: &ResponseObject, persist: Persist, events: Vec<StreamEvent>) {
     let record = stored_record(response, &persist);
     let store = state.store.clone();
     let result = tokio::task::spawn_blocking(move || store.put_with_events(&record, &events)).await;
@@ -429,17 +403,8 @@ async fn save(state: &Arc<AppState>, response: &Value, persist: Persist, events:
 }
 
 /// The store's record of `response` as it stands.
-fn stored_record(response: &Value, persist: &Persist) -> StoredResponse {
-    StoredResponse {
-        id: response.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
-        created_at: response.get("created_at").and_then(Value::as_i64).unwrap_or(0),
-        status: response.get("status").and_then(Value::as_str).unwrap_or("completed").to_string(),
-        previous_response_id: response.get("previous_response_id").and_then(Value::as_str).map(str::to_string),
-        background: persist.background,
-        response: response.clone(),
-        input_items: persist.input_items.clone(),
-        tenant: persist.tenant.as_str().to_string(),
-    }
+fn stored_record(response: &ResponseObject, persist: &Persist) -> StoredResponse {
+    StoredResponse::new(response.clone(), &persist.input_items, persist.background, persist.tenant.as_str())
 }
 
 #[cfg(test)]

@@ -17,36 +17,3 @@ impl IntoResponse for ApiError {
         response
     }
 }
-
-/// A query string that does not parse: 400 in the protocol's shape, naming
-/// the parameter when the parser says which one (axum's own answer is
-/// `text/plain`).
-pub fn query_error(rejection: axum::extract::rejection::QueryRejection) -> ApiError {
-    let text = rejection.body_text();
-    let detail = text.strip_prefix("Failed to deserialize query string: ").unwrap_or(&text);
-    let param = detail.split_once(':').map(|(field, _)| field.trim()).filter(|f| !f.is_empty() && !f.contains(' '));
-    ApiError::invalid(param.unwrap_or("query"), format!("Invalid query string: {detail}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::extract::Query;
-    use axum::http::Uri;
-
-    #[derive(Debug, serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Q {
-        after: Option<u64>,
-    }
-
-    #[test]
-    fn a_bad_query_value_is_a_400_naming_the_parameter() -> Result<(), String> {
-        let uri: Uri = "/x?after=abc".parse().map_err(|e| format!("{e}"))?;
-        let Err(rejection) = Query::<Q>::try_from_uri(&uri) else { return Err("parsed".into()) };
-        let e = query_error(rejection);
-        assert_eq!((e.status, e.param.as_deref()), (400, Some("after")), "{e:?}");
-        assert!(e.message.contains("invalid digit"), "{}", e.message);
-        Ok(())
-    }
-}

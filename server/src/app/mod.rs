@@ -10,6 +10,7 @@ pub mod constrain;
 pub mod drive;
 pub mod lmsp;
 pub mod error;
+pub mod extract;
 pub mod gpu_stats;
 pub mod ledger;
 pub mod logprobs;

@@ -2,50 +2,39 @@
 
 use super::auth::Tenant;
 use super::background::Stopped;
-use super::drive::{drive, Persist, Sink};
+use super::drive::{drive, Persist, Sink, STREAM_BUFFER};
 use super::reasoning::ReasoningSplitter;
 use super::sse;
 use super::state::AppState;
 use super::turn;
 use crate::protocol::error::ApiError;
+use crate::protocol::items::{InputContent, MessageContent, Role};
+use crate::protocol::InputItem;
 use crate::protocol::mapper::ResponseMapper;
 use crate::protocol::request::{validate, RequestLimits, ValidRequest};
 use crate::store::{Order, Owned, ResponseStore, StoreError, StoredResponse};
-use axum::body::{Body, Bytes};
-use super::error::query_error;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Extension, Path, Query, State};
-use axum::http::{header, StatusCode};
+use super::extract::{JsonBody, QueryParams};
+use axum::body::Body;
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::StreamExt;
 
 /// POST /v1/responses
-pub async fn create(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, body: Result<Bytes, BytesRejection>) -> Response {
-    match create_inner(state, body, tenant).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn create_inner(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, tenant: Tenant) -> Result<Response, ApiError> {
-    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
-    let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
+pub async fn create(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, JsonBody(value): JsonBody<Value>) -> Result<Response, ApiError> {
     let turn = start_turn(&state, value, None, &tenant).await?;
     let StartedTurn { req, stream, mapper, persist, id, .. } = turn;
     if req.background {
-        return Ok(Json(super::background::start(state, stream, mapper, persist, id, &req).await?).into_response());
+        return Ok(Json(super::background::start(state, stream, mapper, persist, id).await?).into_response());
     }
     if req.stream {
-        let (tx, rx) = mpsc::channel::<String>(64);
-        tokio::spawn(drive(state, stream, mapper, Some(Sink::sse(tx)), persist));
-        let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>));
-        return Ok(sse_response(body));
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(drive(state, stream, mapper, Some(Sink::new(tx)), persist));
+        return Ok(sse::of_events(rx));
     }
     let response = drive(state, stream, mapper, None, persist).await;
     Ok(Json(response).into_response())
@@ -64,13 +53,13 @@ pub struct StartedTurn {
     /// The new response's id.
     pub id: String,
     /// The conversation's earlier items (previous turns' inputs and outputs).
-    pub history: Vec<Value>,
+    pub history: Vec<InputItem>,
 }
 
 /// Validates a create body, resolves the conversation (from `local_history`
 /// when the caller has it, else from the tenant's stored responses by
 /// `previous_response_id`), renders and submits the turn for `tenant`.
-pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Option<Vec<Value>>, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
+pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Option<Vec<InputItem>>, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
     let req = validate_for(state, value)?;
     start_valid(state, req, TurnPrompt::Chat(local_history), tenant).await
 }
@@ -79,7 +68,7 @@ pub async fn start_turn(state: &Arc<AppState>, value: Value, local_history: Opti
 pub enum TurnPrompt {
     /// The chat template over the conversation (its earlier items from
     /// `local_history` when given, else from the store).
-    Chat(Option<Vec<Value>>),
+    Chat(Option<Vec<InputItem>>),
     /// These token ids as they are (a raw completion).
     Raw(Vec<u32>),
 }
@@ -108,7 +97,7 @@ pub async fn start_valid(state: &Arc<AppState>, req: ValidRequest, prompt: TurnP
     let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
     let mapper = ResponseMapper::new(id.clone(), unix_now(), &req);
     let reasoning = state.model.think_tags.map(|t| ReasoningSplitter::new(t, opens_thinking));
-    let persist = Persist { store: req.store, input_items: input_items_json(&req), background: req.background, reasoning, prompt,
+    let persist = Persist { store: req.store, input_items: stored_input_items(&req), background: req.background, reasoning, prompt,
         summary: req.reasoning.and_then(|r| r.summary), cache_salt: tenant.cache_salt(req.prompt_cache_key.as_deref()),
         tenant: tenant.clone(), control: None, slot: Some(slot), logprobs: req.wants_logprobs() };
     Ok(StartedTurn { req, stream, mapper, persist, id, history })
@@ -142,46 +131,34 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
     }
 }
 
-fn sse_response(body: Body) -> Response {
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
-    r
-}
 
 /// This turn's input items as stored and listed by `input_items`: each with
-/// an `id`, and message content always as a list of parts (the shape the
-/// OpenAI SDK's item types require).
-pub(crate) fn input_items_json(req: &ValidRequest) -> Vec<Value> {
-    req.input.iter().filter_map(|i| serde_json::to_value(i).ok()).map(normalize_item).collect()
+/// an `id`, and message content always as a list of parts with a status
+/// (the shape the OpenAI SDK's item types require).
+pub(crate) fn stored_input_items(req: &ValidRequest) -> Vec<InputItem> {
+    req.input.iter().cloned().map(with_id_and_parts).collect()
 }
 
-fn normalize_item(mut item: Value) -> Value {
-    let kind = item.get("type").and_then(Value::as_str).unwrap_or("message").to_string();
-    if item.get("id").is_none_or(Value::is_null) {
-        let prefix = match kind.as_str() {
-            "function_call" => "fc",
-            "function_call_output" => "fco",
-            "reasoning" => "rs",
-            _ => "msg",
-        };
-        item["id"] = json!(format!("{prefix}_{}", uuid::Uuid::new_v4().simple()));
-    }
-    if kind == "message" {
-        item["type"] = json!("message");
-        if let Some(text) = item.get("content").and_then(Value::as_str).map(str::to_string) {
-            let part = if item["role"] == "assistant" { "output_text" } else { "input_text" };
-            item["content"] = json!([{"type": part, "text": text}]);
-        }
-        if item.get("status").is_none_or(Value::is_null) {
-            item["status"] = json!("completed");
-        }
-        if let Some(parts) = item.get_mut("content").and_then(Value::as_array_mut) {
-            for part in parts.iter_mut().filter(|p| p["type"] == "output_text" && p.get("annotations").is_none()) {
-                part["annotations"] = json!([]);
+fn with_id_and_parts(mut item: InputItem) -> InputItem {
+    let fresh = |prefix: &str| Some(format!("{prefix}_{}", uuid::Uuid::new_v4().simple()));
+    match &mut item {
+        InputItem::Message(m) => {
+            m.id = m.id.take().or_else(|| fresh("msg"));
+            if let MessageContent::Text(text) = &mut m.content {
+                let text = std::mem::take(text);
+                let part = match m.role {
+                    Role::Assistant => InputContent::OutputText { text, annotations: Vec::new() },
+                    _ => InputContent::InputText { text },
+                };
+                m.content = MessageContent::Parts(vec![part]);
             }
+            m.status.get_or_insert_with(|| "completed".to_owned());
         }
+        InputItem::FunctionCall(c) => c.id = c.id.take().or_else(|| fresh("fc")),
+        InputItem::FunctionCallOutput(o) => o.id = o.id.take().or_else(|| fresh("fco")),
+        InputItem::Reasoning(r) => r.id = r.id.take().or_else(|| fresh("rs")),
+        InputItem::Compaction(c) => c.id = c.id.take().or_else(|| fresh("cmp")),
+        InputItem::ItemReference(_) => {}
     }
     item
 }
@@ -234,9 +211,8 @@ pub async fn retrieve(
     State(state): State<Arc<AppState>>,
     Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
-    q: Result<Query<RetrieveQuery>, QueryRejection>,
+    QueryParams(q): QueryParams<RetrieveQuery>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = q.map_err(query_error)?;
     let record = load(&state, &tenant, id.clone()).await?;
     if q.stream != Some(true) {
         return Ok(Json(record.response).into_response());
@@ -244,7 +220,7 @@ pub async fn retrieve(
     let events = with_owned(&state, &tenant, move |s| s.events(&id, q.starting_after)).await?.unwrap_or_default();
     let mut body: String = events.iter().map(sse::frame).collect();
     body.push_str(sse::DONE);
-    Ok(sse_response(Body::from(body)))
+    Ok(sse::response(Body::from(body)))
 }
 
 /// DELETE /v1/responses/{id}
@@ -294,9 +270,8 @@ pub async fn input_items(
     State(state): State<Arc<AppState>>,
     Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
-    q: Result<Query<ListQuery>, QueryRejection>,
+    QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = q.map_err(query_error)?;
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
     let order = match q.order.as_deref() {
         Some("asc") => Order::Asc,
@@ -308,9 +283,18 @@ pub async fn input_items(
         .await?
         .ok_or_else(|| not_found(&id))?;
     let has_more = items.len() > limit;
-    let data: Vec<Value> = items.into_iter().take(limit).collect();
-    let first = data.first().and_then(|v| v.get("id")).cloned().unwrap_or(Value::Null);
-    let last = data.last().and_then(|v| v.get("id")).cloned().unwrap_or(Value::Null);
-    let body = json!({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": has_more});
-    Ok((StatusCode::OK, Json(body)).into_response())
+    let data: Vec<InputItem> = items.into_iter().take(limit).collect();
+    let id_at = |item: Option<&InputItem>| item.and_then(InputItem::item_id).map(str::to_owned);
+    let page = ItemPage { object: "list", first_id: id_at(data.first()), last_id: id_at(data.last()), data, has_more };
+    Ok((StatusCode::OK, Json(page)).into_response())
+}
+
+/// A page of `input_items`.
+#[derive(serde::Serialize)]
+struct ItemPage {
+    object: &'static str,
+    data: Vec<InputItem>,
+    first_id: Option<String>,
+    last_id: Option<String>,
+    has_more: bool,
 }

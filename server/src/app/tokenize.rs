@@ -5,23 +5,23 @@
 //! client can see, and a test can check, the prompt a request will get.
 
 use super::auth::Tenant;
-use super::chat::request::chat_to_responses;
+use super::chat::request::{chat_input, responses_tools, ChatMessage, ChatTool};
+use super::extract::from_value;
 use super::responses::{check_model, validate_for};
 use super::state::AppState;
 use super::turn;
 use crate::protocol::error::ApiError;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use super::extract::JsonBody;
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::Arc;
 
 /// The body of `POST /tokenize`: exactly one of `prompt` and `messages`.
 #[derive(Debug, Deserialize)]
-struct TokenizeBody {
+pub struct TokenizeBody {
     model: Option<String>,
     /// Plain text, tokenized as it is.
     prompt: Option<String>,
@@ -40,43 +40,38 @@ struct TokenizeBody {
 
 /// The answer of `POST /tokenize`.
 #[derive(Debug, Serialize)]
-struct Tokenized {
+pub struct Tokenized {
     count: usize,
     max_model_len: usize,
     tokens: Vec<u32>,
 }
 
+/// The answer of `POST /detokenize`.
+#[derive(Debug, Serialize)]
+pub struct Detokenized {
+    /// The decoded text.
+    pub prompt: String,
+}
+
 /// The body of `POST /detokenize`.
 #[derive(Debug, Deserialize)]
-struct DetokenizeBody {
+pub struct DetokenizeBody {
     model: Option<String>,
     tokens: Vec<i64>,
 }
 
 /// POST /tokenize.
-pub async fn tokenize(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, body: Result<Bytes, BytesRejection>) -> Response {
-    match parse::<TokenizeBody>(&state, body) {
-        Ok(b) => off_thread(state, move |st| tokenize_body(st, b, &tenant)).await,
-        Err(e) => e.into_response(),
-    }
+pub async fn tokenize(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, JsonBody(b): JsonBody<TokenizeBody>) -> Response {
+    off_thread(state, move |st| tokenize_body(st, b, &tenant)).await
 }
 
 /// POST /detokenize.
-pub async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match parse::<DetokenizeBody>(&state, body) {
-        Ok(b) => off_thread(state, move |st| detokenize_body(st, b)).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-/// The body as `T`, within the size limit; a wrong shape names the problem.
-fn parse<T: for<'de> Deserialize<'de>>(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
-    serde_json::from_slice(&body).map_err(ApiError::invalid_json)
+pub async fn detokenize(State(state): State<Arc<AppState>>, JsonBody(b): JsonBody<DetokenizeBody>) -> Response {
+    off_thread(state, move |st| detokenize_body(st, b)).await
 }
 
 /// Runs tokenizer work off the async threads and answers with its JSON.
-async fn off_thread(state: Arc<AppState>, work: impl FnOnce(&AppState) -> Result<Value, ApiError> + Send + 'static) -> Response {
+async fn off_thread<T: Serialize + Send + 'static>(state: Arc<AppState>, work: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static) -> Response {
     let result = tokio::task::spawn_blocking(move || work(&state)).await.map_err(|e| ApiError::internal(e.to_string()));
     match result.and_then(|r| r) {
         Ok(v) => Json(v).into_response(),
@@ -84,7 +79,7 @@ async fn off_thread(state: Arc<AppState>, work: impl FnOnce(&AppState) -> Result
     }
 }
 
-fn tokenize_body(state: &AppState, b: TokenizeBody, tenant: &Tenant) -> Result<Value, ApiError> {
+fn tokenize_body(state: &AppState, b: TokenizeBody, tenant: &Tenant) -> Result<Tokenized, ApiError> {
     check_model(state, b.model.as_deref())?;
     let tokens = match (b.prompt, b.messages) {
         (Some(prompt), None) => {
@@ -99,20 +94,26 @@ fn tokenize_body(state: &AppState, b: TokenizeBody, tenant: &Tenant) -> Result<V
         }
         _ => return Err(ApiError::invalid("prompt", "Send exactly one of 'prompt' (text) and 'messages' (chat messages).")),
     };
-    let tokenized = Tokenized { count: tokens.len(), max_model_len: state.model.context_length, tokens };
-    serde_json::to_value(tokenized).map_err(|e| ApiError::internal(e.to_string()))
+    Ok(Tokenized { count: tokens.len(), max_model_len: state.model.context_length, tokens })
 }
 
 /// The prompt ids `/v1/responses` would run for these messages as its `input`
 /// (compaction items open only for the tenant that made them).
 fn chat_prompt(state: &AppState, messages: Vec<Value>, tools: Option<Value>, tenant: &Tenant) -> Result<Vec<u32>, ApiError> {
     let (input, tools) = as_responses_input(messages, tools)?;
-    let mut request = json!({"model": state.model.name, "input": input, "store": false});
-    if let Some(tools) = tools {
-        request["tools"] = tools;
-    }
-    let req = validate_for(state, request).map_err(|e| e.renamed_param("input", "messages"))?;
+    let request = ResponsesInput { model: state.model.name.clone(), input, store: false, tools };
+    let req = validate_for(state, json_of(&request)?).map_err(|e| e.renamed_param("input", "messages"))?;
     Ok(turn::prepare(state, &req, Vec::new(), tenant)?.prompt)
+}
+
+/// The Responses body whose prompt `/tokenize` renders.
+#[derive(Serialize)]
+struct ResponsesInput {
+    model: String,
+    input: Value,
+    store: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Value>,
 }
 
 /// Messages without a `type` are Chat Completions messages and go through
@@ -121,17 +122,34 @@ fn chat_prompt(state: &AppState, messages: Vec<Value>, tools: Option<Value>, ten
 fn as_responses_input(messages: Vec<Value>, tools: Option<Value>) -> Result<(Value, Option<Value>), ApiError> {
     let chat_messages = messages.iter().all(|m| m.get("type").is_none());
     let chat_tools = tools.as_ref().and_then(Value::as_array).is_some_and(|t| t.iter().any(|t| t.get("function").is_some()));
-    let mut body = json!({"messages": if chat_messages { Value::Array(messages.clone()) } else { json!([]) }});
-    if let Some(t) = tools.as_ref().filter(|_| chat_tools) {
-        body["tools"] = t.clone();
-    }
-    let (converted, _) = chat_to_responses(&body)?;
-    let input = if chat_messages { converted["input"].clone() } else { Value::Array(messages) };
-    let tools = if chat_tools { converted.get("tools").cloned() } else { tools };
+    let input = match chat_messages {
+        true => {
+            let chat: Vec<ChatMessage> = from_value(Value::Array(messages)).map_err(|e| prefixed(e, "messages"))?;
+            json_of(&chat_input(&chat)?)?
+        }
+        false => Value::Array(messages),
+    };
+    let tools = match tools {
+        Some(t) if chat_tools => {
+            let chat: Vec<ChatTool> = from_value(t).map_err(|e| prefixed(e, "tools"))?;
+            Some(json_of(&responses_tools(chat)?)?)
+        }
+        other => other,
+    };
     Ok((input, tools))
 }
 
-fn detokenize_body(state: &AppState, b: DetokenizeBody) -> Result<Value, ApiError> {
+fn json_of<T: Serialize>(v: &T) -> Result<Value, ApiError> {
+    serde_json::to_value(v).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// A shape error inside `root` names its full path (`messages[0].role`).
+fn prefixed(mut e: ApiError, root: &str) -> ApiError {
+    e.param = Some(format!("{root}{}", e.param.as_deref().unwrap_or("")));
+    e
+}
+
+fn detokenize_body(state: &AppState, b: DetokenizeBody) -> Result<Detokenized, ApiError> {
     check_model(state, b.model.as_deref())?;
     let vocab = state.model.tokenizer.vocab_size();
     let ids = b
@@ -143,5 +161,5 @@ fn detokenize_body(state: &AppState, b: DetokenizeBody) -> Result<Value, ApiErro
         }))
         .collect::<Result<Vec<u32>, _>>()?;
     let prompt = state.model.tokenizer.decode(&ids, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))?;
-    Ok(json!({"prompt": prompt}))
+    Ok(Detokenized { prompt })
 }

@@ -52,9 +52,10 @@
 pub use super::tool_parser::{route_all, ToolCallParser};
 use crate::protocol::error::ApiError;
 use crate::protocol::request::ValidRequest;
-use crate::protocol::{to_chat_messages, FunctionTool, InputItem};
+use crate::protocol::chat::TemplateToolCall;
+use crate::protocol::{to_chat_messages, FunctionTool, InputItem, TemplateMessage};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use spindle_engine::chat_template::ChatTemplate;
 
 /// Opens a call block.
@@ -94,24 +95,22 @@ pub fn render_prompt(
         }
     }
     let pass = (native && !tools.is_empty()).then_some(tools.as_slice());
+    let messages = serde_json::to_value(messages).map_err(|e| ApiError::internal(e.to_string()))?;
+    let messages = messages.as_array().map_or(&[][..], Vec::as_slice);
     template
-        .render(&messages, pass, true)
+        .render(messages, pass, true)
         .map_err(|e| ApiError::invalid("input", format!("the chat template failed: {e}")))
 }
 
 /// Mistral's templates demand 9-character alphanumeric call ids: each
 /// `call_id` becomes one derived from it (the same for a call and its result).
-fn mistral_call_ids(messages: &mut [Value]) {
+fn mistral_call_ids(messages: &mut [TemplateMessage]) {
     for message in messages.iter_mut() {
-        if let Some(Value::String(id)) = message.get_mut("tool_call_id") {
+        if let Some(id) = &mut message.tool_call_id {
             *id = short_call_id(id);
         }
-        if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
-            for call in calls {
-                if let Some(Value::String(id)) = call.get_mut("id") {
-                    *id = short_call_id(id);
-                }
-            }
+        for call in &mut message.tool_calls {
+            call.id = short_call_id(&call.id);
         }
     }
 }
@@ -145,82 +144,59 @@ pub fn tools_section(tools: &[FunctionTool]) -> String {
 }
 
 /// Appends `section` to the first system message, or adds a leading one.
-fn add_tools_section(messages: &mut Vec<Value>, section: &str) {
-    if let Some(Value::Object(first)) = messages.first_mut() {
-        if first.get("role").and_then(Value::as_str) == Some("system") {
-            let content = first.get("content").and_then(Value::as_str).unwrap_or("");
-            let joined = if content.is_empty() {
-                section.to_owned()
-            } else {
-                format!("{content}\n\n{section}")
-            };
-            first.insert("content".into(), Value::String(joined));
-            return;
+fn add_tools_section(messages: &mut Vec<TemplateMessage>, section: &str) {
+    match messages.first_mut() {
+        Some(first) if first.role == "system" => {
+            first.content = if first.content.is_empty() { section.to_owned() } else { format!("{}\n\n{section}", first.content) };
         }
+        _ => messages.insert(0, TemplateMessage::new("system", section.to_owned())),
     }
-    messages.insert(0, serde_json::json!({"role": "system", "content": section}));
 }
 
 /// Rewrites tool calls and tool results as text for templates that do not
 /// know them (see the module docs).
-fn normalise_history(messages: Vec<Value>) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::with_capacity(messages.len());
+fn normalise_history(messages: Vec<TemplateMessage>) -> Vec<TemplateMessage> {
+    let mut out: Vec<TemplateMessage> = Vec::with_capacity(messages.len());
     let mut last_was_tool = false;
-    for message in messages {
-        let Value::Object(mut m) = message else {
-            out.push(message);
-            last_was_tool = false;
-            continue;
-        };
-        match m.get("role").and_then(Value::as_str) {
-            Some("tool") => {
-                let content = m.get("content").and_then(Value::as_str).unwrap_or("");
-                let block = format!("<tool_response>\n{content}\n</tool_response>");
-                match out.last_mut().and_then(Value::as_object_mut) {
+    for mut m in messages {
+        match m.role.as_str() {
+            "tool" => {
+                let block = format!("<tool_response>\n{}\n</tool_response>", m.content);
+                match out.last_mut() {
                     Some(prev) if last_was_tool => append_content(prev, "\n", &block),
-                    _ => out.push(serde_json::json!({"role": "user", "content": block})),
+                    _ => out.push(TemplateMessage::new("user", block)),
                 }
                 last_was_tool = true;
                 continue;
             }
-            Some("assistant") => {
-                if let Some(Value::Array(calls)) = m.remove("tool_calls") {
-                    for call in &calls {
-                        let sep = match m.get("content").and_then(Value::as_str) {
-                            Some(c) if !c.is_empty() => "\n",
-                            _ => "",
-                        };
-                        append_content(&mut m, sep, &call_block(call));
-                    }
+            "assistant" => {
+                for call in std::mem::take(&mut m.tool_calls) {
+                    let sep = if m.content.is_empty() { "" } else { "\n" };
+                    append_content(&mut m, sep, &call_block(&call));
                 }
             }
             _ => {}
         }
-        out.push(Value::Object(m));
+        out.push(m);
         last_was_tool = false;
     }
     out
 }
 
-fn append_content(message: &mut Map<String, Value>, sep: &str, text: &str) {
-    let content = message.get("content").and_then(Value::as_str).unwrap_or("");
-    let joined = format!("{content}{sep}{text}");
-    message.insert("content".into(), Value::String(joined));
+fn append_content(message: &mut TemplateMessage, sep: &str, text: &str) {
+    message.content = format!("{}{sep}{text}", message.content);
 }
 
 /// `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>` for one HF
 /// `tool_calls` entry.
-fn call_block(call: &Value) -> String {
-    let function = call.get("function").unwrap_or(call);
-    let name = function.get("name").cloned().unwrap_or(Value::Null);
-    let arguments = match function.get("arguments") {
-        Some(Value::String(raw)) => raw.clone(),
-        Some(v) => py_json(v),
-        None => "{}".to_owned(),
+fn call_block(call: &TemplateToolCall) -> String {
+    let arguments = match &call.function.arguments {
+        Value::String(raw) => raw.clone(),
+        v => py_json(v),
     };
     format!(
         "{TOOL_CALL_OPEN}\n{{\"name\": {}, \"arguments\": {arguments}}}\n{TOOL_CALL_CLOSE}",
-        py_json(&name)
+        py_json(&Value::String(call.function.name.clone()))
     )
 }
 

@@ -6,8 +6,7 @@ use super::state::AppState;
 use super::tools;
 use crate::protocol::error::ApiError;
 use crate::protocol::request::ValidRequest;
-use crate::protocol::{InputItem, Truncation};
-use serde_json::Value;
+use crate::protocol::{InputItem, OutputItem, Truncation};
 use spindle_engine::sampling::SamplingParams;
 use spindle_scheduler::output::StopConditions;
 use spindle_scheduler::{EventStream, GenerationRequest, SubmitError};
@@ -17,7 +16,7 @@ pub struct PreparedTurn {
     /// Prompt token ids.
     pub prompt: Vec<u32>,
     /// The conversation's earlier items (previous turns' inputs and outputs).
-    pub history: Vec<Value>,
+    pub history: Vec<InputItem>,
 }
 
 /// The conversation before this turn: `local_history` when the caller has
@@ -26,9 +25,9 @@ pub struct PreparedTurn {
 pub async fn resolve_history(
     state: &std::sync::Arc<AppState>,
     previous: Option<String>,
-    local_history: Option<Vec<Value>>,
+    local_history: Option<Vec<InputItem>>,
     tenant: &Tenant,
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<Vec<InputItem>, ApiError> {
     if let Some(items) = local_history {
         return Ok(items);
     }
@@ -38,9 +37,9 @@ pub async fn resolve_history(
         .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
-/// Items of every earlier turn, oldest first, as stored JSON (only the
-/// tenant's own: another tenant's response is not found).
-pub fn history(state: &AppState, previous: Option<&str>, tenant: &Tenant) -> Result<Vec<Value>, ApiError> {
+/// Items of every earlier turn, oldest first (only the tenant's own:
+/// another tenant's response is not found).
+pub fn history(state: &AppState, previous: Option<&str>, tenant: &Tenant) -> Result<Vec<InputItem>, ApiError> {
     let Some(id) = previous else { return Ok(Vec::new()) };
     let chain = crate::store::Owned::new(state.store.as_ref(), tenant.as_str())
         .chain(id)
@@ -49,27 +48,20 @@ pub fn history(state: &AppState, previous: Option<&str>, tenant: &Tenant) -> Res
     let mut items = Vec::new();
     for turn in chain {
         items.extend(turn.input_items);
-        if let Some(output) = turn.response.get("output").and_then(Value::as_array) {
-            items.extend(output.iter().cloned());
-        }
+        items.extend(turn.response.output.iter().map(OutputItem::to_input));
     }
     Ok(items)
 }
 
 /// Render and tokenize; with `truncation: auto` drop the oldest history items
 /// until the prompt leaves room for at least one output token.
-pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<Value>, tenant: &Tenant) -> Result<PreparedTurn, ApiError> {
-    let parsed: Vec<InputItem> = history
-        .iter()
-        .map(|v| serde_json::from_value::<InputItem>(v.clone()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| ApiError::internal(format!("a stored item no longer parses: {e}")))?;
-    check_call_ids(&parsed, &req.input)?;
+pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<InputItem>, tenant: &Tenant) -> Result<PreparedTurn, ApiError> {
+    check_call_ids(&history, &req.input)?;
     // The prompt must fit the context window and, with room for one output
     // token, the KV pool.
     let limit = state.model.context_length.min(state.scheduler.limits().cache_tokens());
-    check_size_before_rendering(state, req, &parsed, limit)?;
-    let parsed = open_compactions(state, &parsed, "previous_response_id", tenant)?;
+    check_size_before_rendering(state, req, &history, limit)?;
+    let parsed = open_compactions(state, &history, "previous_response_id", tenant)?;
     let input = open_compactions(state, &req.input, "input", tenant)?;
     let fitting = |skip: usize| -> Result<Result<Vec<u32>, usize>, ApiError> {
         let items: Vec<InputItem> = parsed[skip..].iter().chain(input.iter()).cloned().collect();
@@ -144,8 +136,8 @@ pub fn open_compactions(state: &AppState, items: &[InputItem], param: &str, tena
                     )
                 };
                 let plain = state.sealer.open(&c.encrypted_content, &context).map_err(|_| invalid())?;
-                let value: Value = serde_json::from_slice(&plain).map_err(|_| invalid())?;
-                Ok(super::compact::summary_message(value["summary"].as_str().unwrap_or("")))
+                let sealed: super::compact::SealedSummary = serde_json::from_slice(&plain).map_err(|_| invalid())?;
+                Ok(super::compact::summary_message(&sealed.summary))
             }
             other => Ok(other.clone()),
         })

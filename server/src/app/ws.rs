@@ -8,17 +8,19 @@
 //! message); its output starts a new chain.
 
 use super::auth::Tenant;
-use super::drive::{drive, Sink};
+use super::drive::{drive, Outgoing, Sink, STREAM_BUFFER};
 use super::responses::{start_turn, StartedTurn};
 use super::state::AppState;
 use crate::protocol::error::ApiError;
-use crate::protocol::ErrorKind;
+use crate::protocol::{ErrorKind, InputItem, OutputItem, ResponseStatus, StreamEvent};
 use crate::net::ConnectionSlot;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
-use serde_json::Value;
+use super::extract::parse_json;
+use serde::Deserialize;
+use serde_json::{Map, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,15 +56,15 @@ pub async fn upgrade(
 /// The conversations of this connection's recent responses (oldest evicted first).
 #[derive(Default)]
 struct LocalResponses {
-    entries: VecDeque<(String, Vec<Value>)>,
+    entries: VecDeque<(String, Vec<InputItem>)>,
 }
 
 impl LocalResponses {
-    fn get(&self, id: &str) -> Option<Vec<Value>> {
+    fn get(&self, id: &str) -> Option<Vec<InputItem>> {
         self.entries.iter().find(|(k, _)| k == id).map(|(_, items)| items.clone())
     }
 
-    fn insert(&mut self, id: String, items: Vec<Value>) {
+    fn insert(&mut self, id: String, items: Vec<InputItem>) {
         if self.entries.len() >= LOCAL_RESPONSES {
             self.entries.pop_front();
         }
@@ -78,7 +80,7 @@ impl LocalResponses {
 struct TurnOutcome {
     id: String,
     /// The whole conversation through this turn, when it succeeded.
-    conversation: Option<Vec<Value>>,
+    conversation: Option<Vec<InputItem>>,
 }
 
 /// The turn in flight on a connection.
@@ -158,22 +160,22 @@ async fn connection(state: Arc<AppState>, socket: WebSocket, tenant: Tenant, mut
                         // Its terminal event is out: let it finish, then take this turn.
                         settle(&mut local, turn.previous, turn.handle.await);
                     }
-                    let value: Value = match serde_json::from_str(text.as_str()) {
+                    let request: ClientMessage = match parse_json(text.as_bytes()) {
                         Ok(v) => v,
                         Err(e) => {
-                            send_error(&out, &ApiError::invalid_json(e)).await;
+                            send_error(&out, &e).await;
                             continue;
                         }
                     };
-                    if value["type"] == "response.compact" {
-                        let history = value["previous_response_id"].as_str().and_then(|id| local.get(id));
+                    let previous = request.previous_response_id();
+                    if request.kind == Some(ClientMessageType::Compact) {
+                        let history = previous.as_deref().and_then(|id| local.get(id));
                         let ending = Arc::new(AtomicBool::new(false));
-                        let handle = tokio::spawn(run_compact(state.clone(), value, history, tenant.clone(), out.clone(), ending.clone()));
+                        let handle = tokio::spawn(run_compact(state.clone(), request.body, history, tenant.clone(), out.clone(), ending.clone()));
                         running = Some(Running { handle, previous: None, ending });
                         continue;
                     }
-                    let previous = value["previous_response_id"].as_str().map(str::to_string);
-                    match begin(&state, value, &local, &tenant).await {
+                    match begin(&state, request, &local, &tenant).await {
                         Ok(turn) => {
                             let ending = Arc::new(AtomicBool::new(false));
                             let handle = tokio::spawn(run_turn(state.clone(), turn, out.clone(), ending.clone()));
@@ -250,41 +252,64 @@ fn close_for(error: axum::Error) -> Option<Message> {
 /// Checks the WebSocket-only rules, then starts the turn with the
 /// connection's memory of `previous_response_id` (falling back to the store,
 /// which never holds `store: false` responses).
-async fn begin(state: &Arc<AppState>, mut value: Value, local: &LocalResponses, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
-    let Some(body) = value.as_object_mut() else {
-        return Err(ApiError::invalid("type", "Expected a JSON object with \"type\": \"response.create\"."));
-    };
-    if body.get("type").and_then(Value::as_str) != Some("response.create") {
+async fn begin(state: &Arc<AppState>, request: ClientMessage, local: &LocalResponses, tenant: &Tenant) -> Result<StartedTurn, ApiError> {
+    if request.kind != Some(ClientMessageType::Create) {
         return Err(ApiError::invalid("type", "Expected \"type\": \"response.create\"."));
     }
-    body.remove("type");
     for field in ["stream", "stream_options", "background"] {
-        if body.contains_key(field) {
+        if request.body.contains_key(field) {
             return Err(ApiError::invalid(field, format!("'{field}' is not allowed over WebSocket.")));
         }
     }
-    let local_history = body.get("previous_response_id").and_then(Value::as_str).and_then(|id| local.get(id));
-    start_turn(state, value, local_history, tenant).await
+    let local_history = request.previous_response_id().and_then(|id| local.get(&id));
+    start_turn(state, Value::Object(request.body), local_history, tenant).await
+}
+
+/// A client's message: its `type` and the request body.
+#[derive(Debug, Deserialize)]
+struct ClientMessage {
+    #[serde(rename = "type")]
+    kind: Option<ClientMessageType>,
+    #[serde(flatten)]
+    body: Map<String, Value>,
+}
+
+impl ClientMessage {
+    fn previous_response_id(&self) -> Option<String> {
+        self.body.get("previous_response_id").and_then(Value::as_str).map(str::to_owned)
+    }
+}
+
+/// What a client may ask for on the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+enum ClientMessageType {
+    /// Start a response (the `/responses` body).
+    #[serde(rename = "response.create")]
+    Create,
+    /// Compact a conversation (the `/responses/compact` body).
+    #[serde(rename = "response.compact")]
+    Compact,
 }
 
 async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Message>, ending: Arc<AtomicBool>) -> TurnOutcome {
     let StartedTurn { stream, mapper, persist, id, history, .. } = turn;
     let input_items = persist.input_items.clone();
-    let (tx, mut rx) = mpsc::channel::<String>(64);
+    let (tx, mut rx) = mpsc::channel(STREAM_BUFFER);
     let forward = tokio::spawn(async move {
-        while let Some(frame) = rx.recv().await {
-            if out.send(Message::Text(frame.into())).await.is_err() {
+        while let Some(outgoing) = rx.recv().await {
+            let Some(text) = message(outgoing) else { continue };
+            if out.send(Message::Text(text.into())).await.is_err() {
                 break;
             }
         }
     });
-    let response = drive(state, stream, mapper, Some(Sink::json(tx).with_ending_flag(ending)), persist).await;
+    let response = drive(state, stream, mapper, Some(Sink::new(tx).with_ending_flag(ending)), persist).await;
     let _ = forward.await;
-    let succeeded = matches!(response["status"].as_str(), Some("completed" | "incomplete"));
+    let succeeded = matches!(response.status, ResponseStatus::Completed | ResponseStatus::Incomplete);
     let conversation = succeeded.then(|| {
         let mut items = history;
         items.extend(input_items);
-        items.extend(response["output"].as_array().cloned().unwrap_or_default());
+        items.extend(response.output.iter().map(OutputItem::to_input));
         items
     });
     TurnOutcome { id, conversation }
@@ -296,25 +321,47 @@ async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Mes
 /// can be compacted too.
 async fn run_compact(
     state: Arc<AppState>,
-    mut value: Value,
-    history: Option<Vec<Value>>,
+    body: Map<String, Value>,
+    history: Option<Vec<InputItem>>,
     tenant: Tenant,
     out: mpsc::Sender<Message>,
     ending: Arc<AtomicBool>,
 ) -> TurnOutcome {
-    if let Some(body) = value.as_object_mut() {
-        body.remove("type");
-    }
-    let result = super::compact::compact_value(state, value, history, &tenant).await;
+    let result = super::compact::compact_value(state, Value::Object(body), history, &tenant).await;
     ending.store(true, Ordering::Release);
     match result {
-        Ok(mut compaction) => {
-            compaction["type"] = Value::from("response.compaction");
-            let _ = out.send(Message::Text(compaction.to_string().into())).await;
+        Ok(compaction) => {
+            let message = WsCompaction { kind: "response.compaction", compaction };
+            match serde_json::to_string(&message) {
+                Ok(text) => {
+                    let _ = out.send(Message::Text(text.into())).await;
+                }
+                Err(e) => send_error(&out, &ApiError::internal(e.to_string())).await,
+            }
         }
         Err(e) => send_error(&out, &e).await,
     }
     TurnOutcome { id: String::new(), conversation: None }
+}
+
+/// A compaction as a WebSocket message: the `/compact` answer with a `type`.
+#[derive(serde::Serialize)]
+struct WsCompaction {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    compaction: super::compact::Compaction,
+}
+
+/// What a driven response's [`Outgoing`] is on a WebSocket: one JSON text
+/// per event, and exactly one terminal message (a mid-stream failure sends
+/// only `response.failed`, whose `error` says why, not the SSE `error`
+/// event before it). No keep-alives and no `[DONE]`.
+fn message(outgoing: Outgoing) -> Option<String> {
+    match outgoing {
+        Outgoing::Event(StreamEvent::Error(_)) | Outgoing::KeepAlive | Outgoing::Done => None,
+        Outgoing::Event(event) => event.to_json().map_err(|e| tracing::error!("an event could not be serialized: {e}")).ok(),
+    }
 }
 
 async fn send_error(out: &mpsc::Sender<Message>, e: &ApiError) {

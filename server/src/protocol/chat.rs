@@ -23,14 +23,66 @@
 use super::error::ApiError;
 use super::items::{FunctionOutput, InputContent, InputItem, MessageContent, Role};
 use super::parse::index_path;
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::Value;
 use std::collections::HashMap;
+
+/// One chat-template message, HF's `{"role", "content", ...}` (fields in
+/// this order, absent ones left out).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TemplateMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// The reasoning before an assistant answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// An assistant message's calls.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<TemplateToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The function a `tool` message answers, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl TemplateMessage {
+    /// A plain message.
+    pub fn new(role: &str, content: String) -> Self {
+        Self { role: role.to_owned(), content, reasoning_content: None, tool_calls: Vec::new(), tool_call_id: None, name: None }
+    }
+}
+
+/// `{"type": "function", "id", "function": {"name", "arguments"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TemplateToolCall {
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The call id.
+    pub id: String,
+    /// What is called.
+    pub function: TemplateFunctionCall,
+}
+
+/// `{"name", "arguments"}` of a template tool call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TemplateFunctionCall {
+    /// Function name.
+    pub name: String,
+    /// The arguments as a JSON object when they parse as one (HF templates
+    /// expect a mapping), else the string as sent.
+    pub arguments: Value,
+}
 
 /// Renders `instructions` and `items` as chat-template messages.
 pub fn to_chat_messages(
     instructions: Option<&str>,
     items: &[InputItem],
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<Vec<TemplateMessage>, ApiError> {
     let mut chat = Chat::default();
     if let Some(text) = instructions.filter(|t| !t.is_empty()) {
         chat.out.push(message("system", text.to_owned()));
@@ -43,13 +95,13 @@ pub fn to_chat_messages(
         attach_reasoning(&mut msg, &mut chat.reasoning);
         chat.out.push(msg);
     }
-    Ok(chat.out.into_iter().map(Value::Object).collect())
+    Ok(chat.out)
 }
 
 /// Conversion state.
 #[derive(Default)]
 struct Chat<'a> {
-    out: Vec<Map<String, Value>>,
+    out: Vec<TemplateMessage>,
     /// Reasoning waiting for the next assistant message.
     reasoning: Option<String>,
     /// Function names by call id, for tool messages.
@@ -91,10 +143,8 @@ impl<'a> Chat<'a> {
             InputItem::FunctionCallOutput(f) => {
                 let content = output_text(&f.output, &format!("{path}.output"))?;
                 let mut msg = message("tool", content);
-                msg.insert("tool_call_id".into(), Value::String(f.call_id.clone()));
-                if let Some(name) = self.call_names.get(f.call_id.as_str()) {
-                    msg.insert("name".into(), Value::String((*name).to_owned()));
-                }
+                msg.tool_call_id = Some(f.call_id.clone());
+                msg.name = self.call_names.get(f.call_id.as_str()).map(|name| (*name).to_owned());
                 self.out.push(msg);
             }
             InputItem::Reasoning(r) => {
@@ -131,35 +181,23 @@ impl<'a> Chat<'a> {
     }
 }
 
-fn message(role: &str, content: String) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("role".into(), Value::String(role.to_owned()));
-    m.insert("content".into(), Value::String(content));
-    m
+fn message(role: &str, content: String) -> TemplateMessage {
+    TemplateMessage::new(role, content)
 }
 
-fn attach_reasoning(msg: &mut Map<String, Value>, reasoning: &mut Option<String>) {
+fn attach_reasoning(msg: &mut TemplateMessage, reasoning: &mut Option<String>) {
     if let Some(text) = reasoning.take() {
-        msg.insert("reasoning_content".into(), Value::String(text));
+        msg.reasoning_content = Some(text);
     }
 }
 
-fn push_tool_call(host: &mut Map<String, Value>, call_id: &str, name: &str, arguments: &str) {
-    let args = match serde_json::from_str::<Value>(arguments) {
+fn push_tool_call(host: &mut TemplateMessage, call_id: &str, name: &str, arguments: &str) {
+    let arguments = match serde_json::from_str::<Value>(arguments) {
         Ok(v @ Value::Object(_)) => v,
         _ => Value::String(arguments.to_owned()),
     };
-    let call = json!({
-        "type": "function",
-        "id": call_id,
-        "function": {"name": name, "arguments": args},
-    });
-    match host.get_mut("tool_calls") {
-        Some(Value::Array(calls)) => calls.push(call),
-        _ => {
-            host.insert("tool_calls".into(), Value::Array(vec![call]));
-        }
-    }
+    let function = TemplateFunctionCall { name: name.to_owned(), arguments };
+    host.tool_calls.push(TemplateToolCall { kind: "function", id: call_id.to_owned(), function });
 }
 
 /// Joins text parts; non-text parts are `unsupported_capability` at `path[j]`.

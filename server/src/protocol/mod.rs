@@ -14,13 +14,14 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod items;
+pub mod lmsp;
 pub mod mapper;
 pub mod output;
 mod parse;
 pub mod request;
 pub mod response;
 
-pub use chat::to_chat_messages;
+pub use chat::{to_chat_messages, TemplateMessage};
 pub use config::{
     FunctionTool, Include, NamedFunction, ReasoningConfig, ReasoningEffort, ReasoningSummary,
     ServiceTier, SpecificToolChoice, StreamOptions, TextConfig, TextFormat, ToolChoice,

@@ -30,6 +30,18 @@ pub enum ResponseStatus {
 }
 
 impl ResponseStatus {
+    /// The wire name (`in_progress`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::InProgress => "in_progress",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Incomplete => "incomplete",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
     /// Whether no further change can happen.
     pub fn is_terminal(self) -> bool {
         !matches!(self, Self::Queued | Self::InProgress)
@@ -213,5 +225,17 @@ impl ResponseObject {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_are_the_wire_names() {
+        for status in [ResponseStatus::Queued, ResponseStatus::InProgress, ResponseStatus::Completed, ResponseStatus::Failed, ResponseStatus::Incomplete, ResponseStatus::Cancelled] {
+            assert_eq!(serde_json::to_value(status).ok(), Some(Value::from(status.as_str())));
+        }
     }
 }

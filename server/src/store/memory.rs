@@ -11,9 +11,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use serde_json::Value;
 
 use super::{
-    event_seq, fail_for_restart, follow_chain, item_id, json_len, restart_failed_event, ttl_secs,
+    event_seq, fail_for_restart, follow_chain, json_len, record_len, restart_failed_event, ttl_secs,
     Order, ResponseStore, StoreConfig, StoreError, StoredResponse, STATUS_FAILED,
 };
+use crate::protocol::InputItem;
 
 /// One stored response with its events and accounting.
 #[derive(Debug)]
@@ -145,7 +146,7 @@ impl Default for MemoryStore {
 
 impl ResponseStore for MemoryStore {
     fn put(&self, rec: &StoredResponse) -> Result<(), StoreError> {
-        let bytes = json_len(&rec.response) + rec.input_items.iter().map(json_len).sum::<u64>();
+        let bytes = record_len(rec);
         let mut inner = self.lock();
         let inner = &mut *inner;
         match inner.map.get_mut(&rec.id) {
@@ -186,7 +187,7 @@ impl ResponseStore for MemoryStore {
         after: Option<&str>,
         limit: usize,
         order: Order,
-    ) -> Result<Option<Vec<Value>>, StoreError> {
+    ) -> Result<Option<Vec<InputItem>>, StoreError> {
         let inner = self.lock();
         let Some(entry) = inner.map.get(id) else {
             return Ok(None);
@@ -194,7 +195,7 @@ impl ResponseStore for MemoryStore {
         let items = &entry.rec.input_items;
         let cursor = match after {
             None => None,
-            Some(after) => match items.iter().position(|i| item_id(i) == Some(after)) {
+            Some(after) => match items.iter().position(|i| i.item_id() == Some(after)) {
                 Some(pos) => Some(pos),
                 None => return Ok(Some(Vec::new())),
             },
@@ -254,8 +255,7 @@ impl ResponseStore for MemoryStore {
             };
             fail_for_restart(&mut entry.rec.response);
             entry.rec.status = STATUS_FAILED.to_owned();
-            let new_bytes = json_len(&entry.rec.response)
-                + entry.rec.input_items.iter().map(json_len).sum::<u64>();
+            let new_bytes = record_len(&entry.rec);
             let old_bytes = std::mem::replace(&mut entry.bytes, new_bytes);
             let last = entry.events.keys().next_back().copied();
             let event = last.map(|l| restart_failed_event(&entry.rec.response, l + 1));

@@ -2,9 +2,9 @@
 //! `background: true`, GET/DELETE `/v1/responses/{id}`, `/cancel`, `/input_items` and
 //! stream replay (`GET ?stream=true&starting_after=N`).
 //!
-//! The store works on [`serde_json::Value`] (the response object, its input items and its stream
-//! events) so that it does not depend on the typed protocol layer. Two backends implement
-//! [`ResponseStore`]:
+//! Records are typed (the [`ResponseObject`] and its [`InputItem`]s); the backends turn them into
+//! JSON only where they write them. Stream events are kept as the JSON that was streamed (a replay
+//! sends them back byte for byte). Two backends implement [`ResponseStore`]:
 //!
 //! - [`SqliteStore`]: embedded SQLite in WAL mode, the default (`--store-path`). Every write is one
 //!   transaction; a committed write survives `kill -9` of the daemon (see [`sqlite`]).
@@ -26,6 +26,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::protocol::error::ResponseError;
+use crate::protocol::events::ResponseEvent;
+use crate::protocol::{InputItem, ResponseObject, ResponseStatus, StreamEvent};
 pub use memory::MemoryStore;
 pub use owned::Owned;
 pub use sqlite::SqliteStore;
@@ -49,37 +52,28 @@ pub fn is_unfinished_status(status: &str) -> bool {
     status == STATUS_QUEUED || status == STATUS_IN_PROGRESS
 }
 
-/// The `error` object put on responses that were still running when the daemon stopped.
-///
-/// `{"code": "server_error", "message": "..."}` (the response object's `error` shape, digest §3).
-pub fn restart_error() -> Value {
-    serde_json::json!({
-        "code": "server_error",
-        "message": "The server restarted before this response finished; it was marked failed.",
-    })
+/// The `error` put on responses that were still running when the daemon stopped.
+pub fn restart_error() -> ResponseError {
+    ResponseError {
+        code: "server_error".to_owned(),
+        message: "The server restarted before this response finished; it was marked failed.".to_owned(),
+    }
 }
 
-/// Rewrites a stored response object to `status: "failed"` with [`restart_error`].
-///
-/// Used by both backends' [`ResponseStore::mark_unfinished_failed`]. Non-object values are left
-/// as they are.
-pub fn fail_for_restart(response: &mut Value) {
-    if let Some(obj) = response.as_object_mut() {
-        obj.insert("status".into(), Value::from(STATUS_FAILED));
-        obj.insert("error".into(), restart_error());
-    }
+/// Marks a response object `failed` with [`restart_error`]. Used by both
+/// backends' [`ResponseStore::mark_unfinished_failed`].
+pub fn fail_for_restart(response: &mut ResponseObject) {
+    response.status = ResponseStatus::Failed;
+    response.error = Some(restart_error());
 }
 
 /// The terminal stream event appended to a failed-at-restart response's stored events, so that a
 /// replay (`GET ?stream=true`) ends with a terminal event instead of hanging.
 ///
 /// `sequence_number` is `next_seq` (one past the last stored event).
-pub fn restart_failed_event(response: &Value, next_seq: u64) -> Value {
-    serde_json::json!({
-        "type": "response.failed",
-        "sequence_number": next_seq,
-        "response": response,
-    })
+pub fn restart_failed_event(response: &ResponseObject, next_seq: u64) -> Value {
+    let event = StreamEvent::Failed(ResponseEvent { sequence_number: next_seq, response: Box::new(response.clone()) });
+    serde_json::to_value(event).unwrap_or(Value::Null)
 }
 
 /// One stored response: the full response object plus what the endpoints need to find it.
@@ -96,15 +90,29 @@ pub struct StoredResponse {
     /// Whether it was created with `background: true`.
     pub background: bool,
     /// The full response object (digest §3) as last written.
-    pub response: Value,
+    pub response: ResponseObject,
     /// This turn's input items, normalized, each with an `id` (oldest first).
-    pub input_items: Vec<Value>,
+    pub input_items: Vec<InputItem>,
     /// The tenant that created it (empty: the anonymous tenant of a server
     /// without keys). Only [`Owned`] views of the same tenant see it.
     pub tenant: String,
 }
 
 impl StoredResponse {
+    /// The record of `response` as it stands, with this turn's input items.
+    pub fn new(response: ResponseObject, input_items: &[InputItem], background: bool, tenant: &str) -> Self {
+        Self {
+            id: response.id.clone(),
+            created_at: response.created_at,
+            status: response.status.as_str().to_string(),
+            previous_response_id: response.previous_response_id.clone(),
+            background,
+            response,
+            input_items: input_items.to_vec(),
+            tenant: tenant.to_string(),
+        }
+    }
+
     /// Whether the response is still `queued` or `in_progress`.
     pub fn is_unfinished(&self) -> bool {
         is_unfinished_status(&self.status)
@@ -220,9 +228,9 @@ pub trait ResponseStore: TaskStore + Send + Sync {
     /// [`ResponseStore::put`] and [`ResponseStore::append_events`] as one
     /// write: a reader (or a crash) sees both or neither. The default does
     /// them one after the other, for backends without transactions.
-    fn put_with_events(&self, rec: &StoredResponse, events: &[Value]) -> Result<(), StoreError> {
+    fn put_with_events(&self, rec: &StoredResponse, events: &[StreamEvent]) -> Result<(), StoreError> {
         self.put(rec)?;
-        self.append_events(&rec.id, events)
+        self.append_events(&rec.id, &event_values(events))
     }
 
     /// The stored response with this id, or `None`.
@@ -247,7 +255,7 @@ pub trait ResponseStore: TaskStore + Send + Sync {
         after: Option<&str>,
         limit: usize,
         order: Order,
-    ) -> Result<Option<Vec<Value>>, StoreError>;
+    ) -> Result<Option<Vec<InputItem>>, StoreError>;
 
     /// Appends stream events to a stored response (for later replay). Each event is keyed by its
     /// `sequence_number` when it has one (a repeated number replaces the earlier event), else by
@@ -315,19 +323,24 @@ pub(crate) fn follow_chain(
     Ok(Some(out))
 }
 
+/// Stream events as the store keeps them (JSON).
+pub(crate) fn event_values(events: &[StreamEvent]) -> Vec<Value> {
+    events.iter().filter_map(|e| serde_json::to_value(e).ok()).collect()
+}
+
 /// The event's `sequence_number`, if it has a non-negative integer one.
 pub(crate) fn event_seq(event: &Value) -> Option<u64> {
     event.get("sequence_number").and_then(Value::as_u64)
 }
 
 /// Serialized size of a value (what the byte cap counts).
-pub(crate) fn json_len(v: &Value) -> u64 {
+pub(crate) fn json_len<T: serde::Serialize>(v: &T) -> u64 {
     serde_json::to_string(v).map_or(0, |s| s.len() as u64)
 }
 
-/// The `id` of an input item, if it has a string one.
-pub(crate) fn item_id(item: &Value) -> Option<&str> {
-    item.get("id").and_then(Value::as_str)
+/// Serialized size of a record's response and input items (what the byte cap counts).
+pub(crate) fn record_len(rec: &StoredResponse) -> u64 {
+    json_len(&rec.response) + rec.input_items.iter().map(json_len).sum::<u64>()
 }
 
 /// TTL in whole seconds, saturating.

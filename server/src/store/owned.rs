@@ -37,7 +37,7 @@ impl<'a> Owned<'a> {
     }
 
     /// A page of the response's input items ([`ResponseStore::input_items`]).
-    pub fn input_items(&self, id: &str, after: Option<&str>, limit: usize, order: Order) -> Result<Option<Vec<Value>>, StoreError> {
+    pub fn input_items(&self, id: &str, after: Option<&str>, limit: usize, order: Order) -> Result<Option<Vec<crate::protocol::InputItem>>, StoreError> {
         if !self.tenant_owns(id)? {
             return Ok(None);
         }
@@ -75,7 +75,13 @@ impl<'a> Owned<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::items::ItemReference;
+    use crate::protocol::InputItem;
     use crate::store::{MemoryStore, StoreConfig};
+
+    fn request() -> crate::protocol::request::ValidRequest {
+        crate::protocol::request::validate(serde_json::json!({"input": "hi"}), &Default::default()).expect("a valid body")
+    }
 
     fn record(id: &str, tenant: &str, previous: Option<&str>) -> StoredResponse {
         StoredResponse {
@@ -84,8 +90,8 @@ mod tests {
             status: "completed".into(),
             previous_response_id: previous.map(str::to_string),
             background: false,
-            response: serde_json::json!({"id": id}),
-            input_items: vec![serde_json::json!({"id": "msg_1", "type": "message"})],
+            response: crate::protocol::ResponseObject::new(id.into(), 1, &request()),
+            input_items: vec![InputItem::ItemReference(ItemReference { id: "msg_1".into() })],
             tenant: tenant.into(),
         }
     }

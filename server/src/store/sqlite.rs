@@ -25,9 +25,11 @@ use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use serde_json::Value;
+use crate::protocol::items::parse_item;
+use crate::protocol::{InputItem, ResponseObject, StreamEvent};
 
 use super::{
-    event_seq, fail_for_restart, follow_chain, item_id, restart_failed_event, ttl_secs, Order,
+    event_seq, fail_for_restart, follow_chain, restart_failed_event, ttl_secs, Order,
     ResponseStore, StoreConfig, StoreError, StoredResponse, STATUS_FAILED,
 };
 
@@ -308,10 +310,7 @@ fn read_record(conn: &Connection, id: &str) -> Result<Option<StoredResponse>, St
     let texts = stmt
         .query_map([id], |r| r.get::<_, String>(0))?
         .collect::<Result<Vec<_>, _>>()?;
-    let input_items = texts
-        .iter()
-        .map(|t| serde_json::from_str(t))
-        .collect::<Result<Vec<Value>, _>>()?;
+    let input_items = parse_items(&texts)?;
     Ok(Some(StoredResponse {
         id: id.to_owned(),
         created_at,
@@ -322,6 +321,18 @@ fn read_record(conn: &Connection, id: &str) -> Result<Option<StoredResponse>, St
         input_items,
         tenant,
     }))
+}
+
+/// Stored input items, read by the parser that reads request input.
+fn parse_items(texts: &[String]) -> Result<Vec<InputItem>, StoreError> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let value: Value = serde_json::from_str(text)?;
+            parse_item(&value, &format!("input_items[{i}]")).map_err(|e| StoreError::Invalid(e.message))
+        })
+        .collect()
 }
 
 /// Deletes the oldest finished responses (never `keep`) until `totals` fit the config.
@@ -387,7 +398,7 @@ fn insert_events(tx: &Transaction<'_>, id: &str, events: &[Value]) -> Result<i64
 
 /// Fails one unfinished response for the restart (row, object, terminal event if it has events).
 fn fail_one(tx: &Transaction<'_>, id: &str, response_text: &str) -> Result<(), StoreError> {
-    let mut response: Value = serde_json::from_str(response_text)?;
+    let mut response: ResponseObject = serde_json::from_str(response_text)?;
     fail_for_restart(&mut response);
     let new_text = serde_json::to_string(&response)?;
     let delta = i64::try_from(new_text.len()).unwrap_or(i64::MAX)
@@ -411,12 +422,13 @@ impl ResponseStore for SqliteStore {
         self.put_with_events(rec, &[])
     }
 
-    fn put_with_events(&self, rec: &StoredResponse, events: &[Value]) -> Result<(), StoreError> {
+    fn put_with_events(&self, rec: &StoredResponse, events: &[StreamEvent]) -> Result<(), StoreError> {
+        let events = super::event_values(events);
         let response = serde_json::to_string(&rec.response)?;
         let items = rec
             .input_items
             .iter()
-            .map(|item| Ok((item_id(item), serde_json::to_string(item)?)))
+            .map(|item| Ok((item.item_id(), serde_json::to_string(item)?)))
             .collect::<Result<Vec<_>, StoreError>>()?;
         let bytes = response.len() as u64 + items.iter().map(|(_, t)| t.len() as u64).sum::<u64>();
         let mut inner = self.lock();
@@ -467,7 +479,7 @@ impl ResponseStore for SqliteStore {
             }
         }
         if !events.is_empty() {
-            let added = insert_events(&tx, &rec.id, events)?;
+            let added = insert_events(&tx, &rec.id, &events)?;
             after.bytes = to_u64(to_i64(after.bytes).saturating_add(added));
         }
         let after = evict(&tx, &rec.id, after, &self.config)?;
@@ -496,7 +508,7 @@ impl ResponseStore for SqliteStore {
         after: Option<&str>,
         limit: usize,
         order: Order,
-    ) -> Result<Option<Vec<Value>>, StoreError> {
+    ) -> Result<Option<Vec<InputItem>>, StoreError> {
         let inner = self.lock();
         let conn = &inner.conn;
         if !exists(conn, id)? {
@@ -533,11 +545,7 @@ impl ResponseStore for SqliteStore {
                 .query_map(params![id, cursor.unwrap_or(i64::MAX), limit], |r| r.get(0))?
                 .collect::<Result<Vec<String>, _>>()?,
         };
-        let items = texts
-            .iter()
-            .map(|t| serde_json::from_str(t))
-            .collect::<Result<Vec<Value>, _>>()?;
-        Ok(Some(items))
+        Ok(Some(parse_items(&texts)?))
     }
 
     fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError> {

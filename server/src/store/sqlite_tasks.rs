@@ -146,9 +146,11 @@ mod tests {
             let conn = Connection::open(&path)?;
             conn.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (1);")?;
             conn.execute_batch(super::super::sqlite::SCHEMA_V1_FOR_TESTS)?;
+            let request = crate::protocol::request::validate(serde_json::json!({"input": "hi"}), &Default::default())?;
+            let response = serde_json::to_string(&crate::protocol::ResponseObject::new("resp_old".into(), 1, &request))?;
             conn.execute(
-                "INSERT INTO responses (id, created_at, status, background, response, bytes) VALUES ('resp_old', 1, 'completed', 0, '{}', 2)",
-                [],
+                "INSERT INTO responses (id, created_at, status, background, response, bytes) VALUES ('resp_old', 1, 'completed', 0, ?1, 2)",
+                [response],
             )?;
         }
         let store = SqliteStore::open(&path, StoreConfig::default())?;

@@ -2,8 +2,9 @@
 //! event history kept (for a retention period after it ends) so that a
 //! client can reconnect and replay from any event id.
 
+use crate::protocol::lmsp::{LmspEvent, LmspResponse, ProblemDoc};
+use crate::protocol::ResponseStatus;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
 use super::StoreError;
 
@@ -31,7 +32,7 @@ pub struct TaskRecord {
     /// The last event id written (0 before the first).
     pub last_event_id: u64,
     /// The final LMSP response object (`null` while running).
-    pub response: Value,
+    pub response: Option<LmspResponse>,
     /// The tenant that created it (empty: the anonymous tenant; tasks
     /// stored before tenants existed read as that).
     #[serde(default)]
@@ -45,41 +46,62 @@ impl TaskRecord {
     }
 
     /// The task as the API shows it.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "id": self.id,
-            "object": "task",
-            "status": self.status,
-            "created_at": self.created_at,
-            "finished_at": self.finished_at,
-            "response_id": self.response_id,
-            "last_event_id": self.last_event_id,
-            "response": self.response,
-        })
+    pub fn view(&self) -> TaskView<'_> {
+        TaskView {
+            id: &self.id,
+            object: "task",
+            status: &self.status,
+            created_at: self.created_at,
+            finished_at: self.finished_at,
+            response_id: &self.response_id,
+            last_event_id: self.last_event_id,
+            response: self.response.as_ref(),
+        }
     }
 }
 
-/// One event of a task's stream: integer id from 1, LMSP event name, data.
+/// A task as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct TaskView<'a> {
+    /// `task_…`.
+    pub id: &'a str,
+    /// Always `task`.
+    pub object: &'static str,
+    /// Where it stands.
+    pub status: &'a str,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// Unix seconds at its end.
+    pub finished_at: Option<i64>,
+    /// The response it produces.
+    pub response_id: &'a str,
+    /// The last event id written.
+    pub last_event_id: u64,
+    /// The final LMSP response (`null` while running).
+    pub response: Option<&'a LmspResponse>,
+}
+
+/// One event of a task's stream: integer id from 1 and the LMSP event
+/// (stored as `{id, event, data}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskEvent {
     /// Strictly increasing from 1 within the task.
     pub id: u64,
-    /// The SSE event name.
-    pub event: String,
-    /// The SSE data.
-    pub data: Value,
+    /// The event.
+    #[serde(flatten)]
+    pub event: LmspEvent,
 }
 
 impl TaskEvent {
     /// Whether this event ends the stream.
     pub fn is_terminal(&self) -> bool {
-        is_terminal_event(&self.event)
+        self.event.is_terminal()
     }
-}
 
-/// Whether an event of this name ends a task's stream.
-pub fn is_terminal_event(name: &str) -> bool {
-    matches!(name, "response.completed" | "response.incomplete" | "response.failed" | "response.cancelled" | "error")
+    /// The event as one SSE frame.
+    pub fn sse_frame(&self) -> String {
+        self.event.sse_frame(self.id)
+    }
 }
 
 /// Persistence for tasks and their event histories. Implemented by both
@@ -113,18 +135,22 @@ pub trait TaskStore: Send + Sync {
 /// past any event a live reader may have seen but the store never got, so a
 /// reconnecting reader still receives it.
 pub fn fail_task_for_restart(task: &mut TaskRecord, last_stored: u64, now: i64) -> TaskEvent {
-    let problem = json!({"type": "https://spindle.dev/problems/server_restarted", "title": "Generation failed",
-        "status": 500, "detail": "The server restarted while this task ran.", "code": "server_restarted"});
+    let problem = ProblemDoc::generation_failed("server_restarted", "The server restarted while this task ran.");
     task.status = "failed".into();
     task.finished_at = Some(now);
     task.last_event_id = task.last_event_id.max(last_stored) + MAX_UNSTORED_EVENTS + 1;
-    task.response = json!({"id": task.response_id, "object": "response", "created_at": task.created_at,
-        "status": "failed", "output": [], "usage": null, "error": problem, "incomplete_details": null});
-    TaskEvent {
-        id: task.last_event_id,
-        event: "response.failed".into(),
-        data: json!({"response_id": task.response_id, "status": "failed", "error": problem}),
-    }
+    task.response = Some(LmspResponse {
+        id: task.response_id.clone(),
+        object: "response".into(),
+        created_at: task.created_at,
+        status: ResponseStatus::Failed,
+        model: String::new(),
+        output: Vec::new(),
+        usage: None,
+        error: Some(problem.clone()),
+        incomplete_details: None,
+    });
+    TaskEvent { id: task.last_event_id, event: LmspEvent::failed(&task.response_id, problem) }
 }
 
 #[cfg(test)]
@@ -132,14 +158,15 @@ pub fn fail_task_for_restart(task: &mut TaskRecord, last_stored: u64, now: i64) 
 pub(crate) mod conformance {
     //! Behaviour both backends must share.
     use super::*;
+    use crate::protocol::lmsp::LmspDelta;
 
     fn task(id: &str, status: &str) -> TaskRecord {
         TaskRecord { id: id.into(), response_id: format!("resp_{id}"), created_at: 100, status: status.into(), tenant: String::new(),
-            finished_at: None, last_event_id: 0, response: Value::Null }
+            finished_at: None, last_event_id: 0, response: None }
     }
 
-    fn event(id: u64, name: &str) -> TaskEvent {
-        TaskEvent { id, event: name.into(), data: json!({"n": id}) }
+    fn event(id: u64, delta: &str) -> TaskEvent {
+        TaskEvent { id, event: LmspEvent::OutputTextDelta(LmspDelta { response_id: "r".into(), item_id: "i".into(), delta: delta.into() }) }
     }
 
     /// Round trip, append and replay after an id, expiry, restart.
@@ -176,7 +203,7 @@ pub(crate) mod conformance {
         assert_eq!((failed.status.as_str(), failed.finished_at, failed.last_event_id), ("failed", Some(300), 2 + MAX_UNSTORED_EVENTS));
         let last = store.task_events("t2", 1).unwrap();
         assert_eq!(last.len(), 1);
-        assert!(last[0].is_terminal() && last[0].event == "response.failed");
+        assert!(last[0].is_terminal() && last[0].event.name() == "response.failed");
         assert_eq!(store.fail_unfinished_tasks(300).unwrap(), 0);
     }
 }

@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use spindle_server::protocol::request::{validate, RequestLimits};
+use spindle_server::protocol::{InputItem, ResponseObject, ResponseStatus};
 use spindle_server::store::{
     Order, ResponseStore, StoreConfig, StoreError, StoredResponse, MAX_CHAIN_DEPTH,
 };
@@ -28,7 +30,21 @@ pub fn big() -> StoreConfig {
     cfg(3600, 1000, 1 << 30)
 }
 
-/// A response record in the digest's §3 shape (enough keys for the store's purposes).
+/// A response object in the digest's §3 shape with one assistant message.
+/// An unknown `status` (some tests use "x") reads as `in_progress`.
+pub fn response(id: &str, created_at: i64, status: &str, prev: Option<&str>) -> ResponseObject {
+    let body = json!({"model": "m", "input": "hello", "store": true, "previous_response_id": prev});
+    let req = validate(body, &RequestLimits::default()).unwrap();
+    let mut r = ResponseObject::new(id.to_owned(), created_at, &req);
+    r.status = serde_json::from_value(json!(status)).unwrap_or(ResponseStatus::InProgress);
+    r.output = vec![serde_json::from_value(json!({
+        "type": "message", "id": format!("msg_{id}"), "role": "assistant", "status": "completed",
+        "content": [{"type": "output_text", "text": format!("answer {id}"), "annotations": []}]}))
+    .unwrap()];
+    r
+}
+
+/// A record of [`response`] with one input item.
 pub fn rec(id: &str, created_at: i64, status: &str, prev: Option<&str>) -> StoredResponse {
     StoredResponse {
         id: id.to_owned(),
@@ -37,30 +53,25 @@ pub fn rec(id: &str, created_at: i64, status: &str, prev: Option<&str>) -> Store
         previous_response_id: prev.map(str::to_owned),
         background: false,
         tenant: String::new(),
-        response: json!({
-            "id": id, "object": "response", "created_at": created_at, "status": status,
-            "previous_response_id": prev, "error": null, "store": true,
-            "output": [{"type": "message", "id": format!("msg_{id}"), "role": "assistant",
-                        "status": "completed",
-                        "content": [{"type": "output_text", "text": format!("answer {id}")}]}],
-        }),
+        response: response(id, created_at, status, prev),
         input_items: vec![user_item(&format!("{id}_in0"), "hello")],
     }
 }
 
-pub fn user_item(id: &str, text: &str) -> Value {
-    json!({"type": "message", "id": id, "role": "user", "status": "completed",
-           "content": [{"type": "input_text", "text": text}]})
+pub fn user_item(id: &str, text: &str) -> InputItem {
+    serde_json::from_value(json!({"type": "message", "id": id, "role": "user", "status": "completed",
+           "content": [{"type": "input_text", "text": text}]}))
+    .unwrap()
 }
 
 pub fn event(seq: u64, ty: &str) -> Value {
     json!({"type": ty, "sequence_number": seq})
 }
 
-fn ids(items: &[Value]) -> Vec<String> {
+fn ids(items: &[InputItem]) -> Vec<String> {
     items
         .iter()
-        .map(|i| i["id"].as_str().unwrap().to_owned())
+        .map(|i| i.item_id().unwrap().to_owned())
         .collect()
 }
 
@@ -80,7 +91,7 @@ pub fn round_trip(s: &dyn ResponseStore) {
     assert_eq!(s.len().unwrap(), 1);
     // replace on completion keeps the key, replaces the fields
     r.status = "completed".into();
-    r.response["status"] = json!("completed");
+    r.response.status = ResponseStatus::Completed;
     r.input_items.push(user_item("resp_a_in1", "more"));
     s.put(&r).unwrap();
     assert_eq!(s.get("resp_a").unwrap(), Some(r));
@@ -305,8 +316,11 @@ pub fn fat(id: &str, t: i64, status: &str) -> StoredResponse {
 
 /// Serialized bytes of a record as the stores count them (response + input items).
 pub fn rec_bytes(r: &StoredResponse) -> u64 {
-    let len = |v: &Value| serde_json::to_string(v).unwrap().len() as u64;
-    len(&r.response) + r.input_items.iter().map(len).sum::<u64>()
+    json_len(&r.response) + r.input_items.iter().map(json_len).sum::<u64>()
+}
+
+fn json_len<T: serde::Serialize>(v: &T) -> u64 {
+    serde_json::to_string(v).unwrap().len() as u64
 }
 
 /// The byte cap [`size_cap_bytes`] runs under: three fat records and a little slack.
@@ -363,12 +377,10 @@ pub fn mark_unfinished(s: &dyn ResponseStore) {
     for id in ["resp_bg", "resp_q"] {
         let r = s.get(id).unwrap().unwrap();
         assert_eq!(r.status, "failed");
-        assert_eq!(r.response["status"], "failed");
-        assert_eq!(r.response["error"]["code"], "server_error");
-        assert!(r.response["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("restarted"));
+        assert_eq!(r.response.status, ResponseStatus::Failed);
+        let error = r.response.error.unwrap();
+        assert_eq!(error.code, "server_error");
+        assert!(error.message.contains("restarted"));
         assert_eq!(r.input_items, rec(id, 0, "x", None).input_items);
     }
     let events = s.events("resp_bg", None).unwrap().unwrap();

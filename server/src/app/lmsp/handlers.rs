@@ -1,46 +1,43 @@
 //! `/lmsp/v1/` handlers.
 
 use super::idempotency::{header_key, run_once};
-use super::map::{event_from_engine, request_to_engine, response_from_engine, sse_frame};
+use super::map::{json_text, request_to_engine, LmspRequest};
 use super::problem::Problem;
 use super::{CAPABILITIES, LMSP_VERSION};
-use crate::app::drive::{drive, Sink};
+use crate::app::drive::{drive, Outgoing, Sink, STREAM_BUFFER};
 use crate::app::auth::Tenant;
 use crate::app::responses::{start_turn, with_owned, StartedTurn};
 use crate::app::state::AppState;
 use crate::protocol::error::ApiError;
-use crate::protocol::ErrorKind;
-use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
+use crate::protocol::lmsp::{LmspEvent, LmspResponse};
+use crate::protocol::{ErrorKind, ResponseStatus};
+use crate::app::extract::JsonWithBytes;
+use axum::body::Body;
 use axum::extract::{Extension, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 /// POST /lmsp/v1/responses
-pub async fn create(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match create_inner(state, headers, body, tenant).await {
-        Ok(r) => r,
-        Err(p) => p.into_response(),
-    }
-}
-
-async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>, tenant: Tenant) -> Result<Response, Problem> {
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    headers: HeaderMap,
+    JsonWithBytes { value, bytes }: JsonWithBytes<LmspRequest>,
+) -> Result<Response, Problem> {
     check_version(&headers)?;
-    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
-    let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
-    let streaming = value["stream"].as_bool().unwrap_or(false);
+    let streaming = value.streaming();
     let Some(key) = header_key(&headers) else {
         return if streaming { stream(state, &value, &tenant).await } else { Ok(outcome_response(run_sync(&state, &value, &tenant).await)) };
     };
     if streaming {
         return Err(ApiError::invalid("stream", "Idempotency-Key applies to non-streaming requests; for resumable streamed output create a task.").into());
     }
-    let outcome = run_once(&state.idempotency, "", &headers, &key, &body, || run_sync(&state, &value, &tenant)).await?;
+    let outcome = run_once(&state.idempotency, "", &headers, &key, &bytes, || run_sync(&state, &value, &tenant)).await?;
     Ok(outcome_response(outcome))
 }
 
@@ -57,22 +54,21 @@ pub(super) fn check_version(headers: &HeaderMap) -> Result<(), Problem> {
 }
 
 /// Runs a non-streaming request to its end: (status, body).
-async fn run_sync(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> (u16, String) {
+async fn run_sync(state: &Arc<AppState>, value: &LmspRequest, tenant: &Tenant) -> (u16, String) {
     match run_sync_inner(state, value, tenant).await {
-        Ok(v) => (200, v.to_string()),
-        Err(p) => (p.0.status, p.to_value().to_string()),
+        Ok(r) => (200, json_text(&r)),
+        Err(p) => (p.0.status, p.to_json_text()),
     }
 }
 
-async fn run_sync_inner(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> Result<Value, Problem> {
+async fn run_sync_inner(state: &Arc<AppState>, value: &LmspRequest, tenant: &Tenant) -> Result<LmspResponse, Problem> {
     let turn = start_turn(state, request_to_engine(value)?, None, tenant).await?;
     let StartedTurn { stream, mapper, persist, .. } = turn;
     let response = drive(state.clone(), stream, mapper, None, persist).await;
-    if response["status"] == "failed" {
-        let message = response["error"]["message"].as_str().unwrap_or("generation failed").to_string();
-        return Err(ApiError::model_error(message).into());
+    if let Some(error) = response.error.as_ref().filter(|_| response.status == ResponseStatus::Failed) {
+        return Err(ApiError::model_error(error.message.clone()).into());
     }
-    Ok(response_from_engine(&response))
+    Ok(LmspResponse::from(&response))
 }
 
 pub(super) fn outcome_response((status, body): (u16, String)) -> Response {
@@ -84,37 +80,28 @@ pub(super) fn outcome_response((status, body): (u16, String)) -> Response {
 }
 
 /// Streams LMSP events (integer ids from 1); the stream belongs to this connection.
-async fn stream(state: Arc<AppState>, value: &Value, tenant: &Tenant) -> Result<Response, Problem> {
+async fn stream(state: Arc<AppState>, value: &LmspRequest, tenant: &Tenant) -> Result<Response, Problem> {
     let turn = start_turn(&state, request_to_engine(value)?, None, tenant).await?;
     let StartedTurn { stream, mapper, persist, id, .. } = turn;
-    let (engine_tx, mut engine_rx) = mpsc::channel::<String>(64);
-    let (tx, rx) = mpsc::channel::<String>(64);
-    tokio::spawn(drive(state, stream, mapper, Some(Sink::json(engine_tx)), persist));
-    tokio::spawn(async move {
-        let mut next_id = 1u64;
-        while let Some(text) = engine_rx.recv().await {
-            let Ok(event) = serde_json::from_str::<Value>(&text) else { continue };
-            let Some((name, data)) = event_from_engine(&event, &id) else { continue };
-            if tx.send(sse_frame(next_id, &name, &data)).await.is_err() {
-                break; // the client left: dropping engine_rx stops the generation
-            }
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(drive(state, stream, mapper, Some(Sink::new(tx)), persist));
+    let mut next_id = 0u64;
+    let frames = ReceiverStream::new(rx).filter_map(move |outgoing| match outgoing {
+        Outgoing::Event(event) => LmspEvent::from_stream(&event, &id).map(|e| {
             next_id += 1;
-        }
+            e.sse_frame(next_id)
+        }),
+        Outgoing::KeepAlive => Some(crate::app::sse::KEEP_ALIVE.to_string()),
+        Outgoing::Done => None,
     });
-    let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>));
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("lmsp-version", HeaderValue::from_static(LMSP_VERSION));
-    Ok(r)
+    Ok(super::tasks::sse_response(Body::from_stream(frames.map(Ok::<_, std::convert::Infallible>))))
 }
 
 /// GET /lmsp/v1/responses/{id}: a response saved with `store: true`.
 pub async fn retrieve(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Response {
     let key = id.clone();
     match with_owned(&state, &tenant, move |s| s.get(&key)).await {
-        Ok(Some(stored)) => outcome_response((200, response_from_engine(&stored.response).to_string())),
+        Ok(Some(stored)) => outcome_response((200, json_text(&LmspResponse::from(&stored.response)))),
         Ok(None) => Problem(ApiError::not_found(format!("No stored response with id '{id}'.")).with_code("response_not_found")).into_response(),
         Err(e) => Problem(e).into_response(),
     }

@@ -140,16 +140,16 @@ impl LiveTask {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use serde_json::{json, Value};
+    use crate::protocol::lmsp::LmspEvent;
 
     fn ev(id: u64) -> TaskEvent {
-        TaskEvent { id, event: "e".into(), data: json!(id) }
+        TaskEvent { id, event: LmspEvent::cancelled(&id.to_string()) }
     }
 
     #[tokio::test]
     async fn readers_see_events_after_their_id_and_wake_on_publish() {
         let record = TaskRecord { id: "t".into(), response_id: "r".into(), created_at: 0, status: "queued".into(),
-            finished_at: None, last_event_id: 0, response: Value::Null, tenant: String::new() };
+            finished_at: None, last_event_id: 0, response: None, tenant: String::new() };
         let task = LiveTask::new(record, 1);
         let mut rx = task.subscribe();
         task.publish(&[ev(1), ev(2)]);

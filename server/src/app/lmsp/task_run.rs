@@ -3,14 +3,13 @@
 //! batches, the terminal one last (after the final task record is stored).
 
 use super::live::LiveTask;
-use super::map::{event_from_engine, response_from_engine};
-use crate::app::drive::{drive, Persist, Sink};
+use crate::app::drive::{drive, Outgoing, Persist, Sink};
 use crate::app::responses::{unix_now, with_store};
 use crate::app::state::AppState;
+use crate::protocol::lmsp::{LmspEvent, LmspResponse, ProblemDoc};
 use crate::protocol::mapper::ResponseMapper;
-use crate::store::tasks::is_terminal_event;
+use crate::protocol::{ResponseObject, ResponseStatus};
 use crate::store::{TaskEvent, TaskRecord};
-use serde_json::{json, Value};
 use spindle_scheduler::EventStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,38 +23,36 @@ const FLUSH_BATCH: usize = crate::store::tasks::MAX_UNSTORED_EVENTS as usize;
 /// Drives the task to its end, then forgets it from the hub.
 pub async fn run_task(state: Arc<AppState>, live: Arc<LiveTask>, stream: EventStream, mapper: ResponseMapper, persist: Persist) {
     let stored_response = persist.store;
-    let (tx, mut rx) = mpsc::channel::<String>(256);
-    let driver = tokio::spawn(drive(state.clone(), stream, mapper, Some(Sink::json(tx)), persist));
+    let (tx, mut rx) = mpsc::channel(256);
+    let driver = tokio::spawn(drive(state.clone(), stream, mapper, Some(Sink::new(tx)), persist));
     let response_id = live.record().response_id;
     let mut log = EventLog::new();
-    let mut terminal: Option<(String, Value)> = None;
-    while let Some(text) = rx.recv().await {
-        let Ok(event) = serde_json::from_str::<Value>(&text) else { continue };
-        let Some((name, data)) = event_from_engine(&event, &response_id) else { continue };
+    let mut terminal: Option<LmspEvent> = None;
+    while let Some(outgoing) = rx.recv().await {
+        let Outgoing::Event(event) = outgoing else { continue };
+        let Some(event) = LmspEvent::from_stream(&event, &response_id) else { continue };
         if terminal.is_some() {
             continue;
         }
-        if is_terminal_event(&name) {
-            terminal = Some((name, data));
+        if event.is_terminal() {
+            terminal = Some(event);
             continue;
         }
-        let event = log.next(name, data);
+        let event = log.next(event);
         live.publish(std::slice::from_ref(&event));
         if log.should_flush() {
             log.flush(&state, &live.id).await;
         }
     }
-    let response = driver.await.unwrap_or(Value::Null);
-    let cancelled = live.cancel_requested() && terminal.as_ref().is_none_or(|(name, _)| name == "response.failed");
-    let (name, data) = match terminal {
-        _ if cancelled => ("response.cancelled".to_string(), json!({"response_id": response_id, "status": "cancelled"})),
+    let response = driver.await.ok();
+    let cancelled = live.cancel_requested() && terminal.as_ref().is_none_or(|t| matches!(t, LmspEvent::Failed(_)));
+    let last = match terminal {
+        _ if cancelled => LmspEvent::cancelled(&response_id),
         Some(t) => t,
-        None => ("response.failed".to_string(), json!({"response_id": response_id, "status": "failed",
-            "error": {"type": "https://spindle.dev/problems/server_error", "title": "Generation failed", "status": 500,
-                      "detail": "The generation ended without a result.", "code": "server_error"}})),
+        None => LmspEvent::failed(&response_id, ProblemDoc::generation_failed("server_error", "The generation ended without a result.")),
     };
-    let last = log.next(name, data);
-    let record = final_record(live.record(), &last, &response, cancelled);
+    let last = log.next(last);
+    let record = final_record(live.record(), &last, response.as_ref());
     log.flush(&state, &live.id).await;
     let stored = store_final_record(&state, &record).await;
     if cancelled && stored_response {
@@ -100,17 +97,12 @@ async fn store_final_record(state: &Arc<AppState>, record: &TaskRecord) -> bool 
 }
 
 /// The task's final record: status from the terminal event, the LMSP response.
-fn final_record(mut record: TaskRecord, last: &TaskEvent, response: &Value, cancelled: bool) -> TaskRecord {
-    let status = last.data["status"].as_str().unwrap_or("failed").to_string();
-    let mut lmsp = response_from_engine(response);
-    lmsp["status"] = json!(status);
-    if cancelled {
-        lmsp["error"] = Value::Null;
-    }
-    record.status = status;
+fn final_record(mut record: TaskRecord, last: &TaskEvent, response: Option<&ResponseObject>) -> TaskRecord {
+    let status = last.event.terminal_status().unwrap_or(ResponseStatus::Failed);
+    record.status = status.as_str().to_string();
     record.finished_at = Some(unix_now());
     record.last_event_id = last.id;
-    record.response = lmsp;
+    record.response = response.map(|r| LmspResponse::from(r).ended_as(status));
     record
 }
 
@@ -118,9 +110,9 @@ async fn mark_response_cancelled(state: &Arc<AppState>, id: &str) {
     let id = id.to_string();
     let result = with_store(state, move |s| {
         let Some(mut rec) = s.get(&id)? else { return Ok(()) };
-        rec.status = "cancelled".into();
-        rec.response["status"] = json!("cancelled");
-        rec.response["error"] = Value::Null;
+        rec.status = ResponseStatus::Cancelled.as_str().to_string();
+        rec.response.status = ResponseStatus::Cancelled;
+        rec.response.error = None;
         s.put(&rec)
     })
     .await;
@@ -141,8 +133,8 @@ impl EventLog {
         Self { next_id: 1, pending: Vec::new(), last_flush: Instant::now() }
     }
 
-    fn next(&mut self, event: String, data: Value) -> TaskEvent {
-        let e = TaskEvent { id: self.next_id, event, data };
+    fn next(&mut self, event: LmspEvent) -> TaskEvent {
+        let e = TaskEvent { id: self.next_id, event };
         self.next_id += 1;
         self.pending.push(e.clone());
         e

@@ -6,7 +6,7 @@
 use super::handlers::{check_version, outcome_response};
 use super::idempotency::{header_key, run_once};
 use super::live::LiveTask;
-use super::map::{request_to_engine, sse_frame};
+use super::map::{json_text, request_to_engine, LmspRequest};
 use super::problem::Problem;
 use super::task_run::run_task;
 use super::LMSP_VERSION;
@@ -17,13 +17,12 @@ use crate::app::state::AppState;
 use crate::protocol::error::ApiError;
 use crate::protocol::ErrorKind;
 use crate::store::{TaskEvent, TaskRecord};
-use axum::body::{Body, Bytes};
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Extension, Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::body::Body;
+use crate::app::extract::{JsonWithBytes, QueryParams};
+use axum::extract::{Extension, Path, State};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -36,35 +35,30 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
 
 /// POST /lmsp/v1/tasks: 202 with the task object (and `Location`).
-pub async fn create(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match create_inner(state, headers, body, tenant).await {
-        Ok(r) => r,
-        Err(p) => p.into_response(),
-    }
-}
-
-async fn create_inner(state: Arc<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>, tenant: Tenant) -> Result<Response, Problem> {
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    Extension(tenant): Extension<Tenant>,
+    headers: HeaderMap,
+    JsonWithBytes { value, bytes }: JsonWithBytes<LmspRequest>,
+) -> Result<Response, Problem> {
     check_version(&headers)?;
-    let body = body.map_err(|_| ApiError::payload_too_large(state.limits.max_body_bytes))?;
-    let value: Value = serde_json::from_slice(&body).map_err(ApiError::invalid_json)?;
     let Some(key) = header_key(&headers) else {
         return Ok(outcome_response(start(&state, &value, &tenant).await));
     };
-    let outcome = run_once(&state.idempotency, "tasks:", &headers, &key, &body, || start(&state, &value, &tenant)).await?;
+    let outcome = run_once(&state.idempotency, "tasks:", &headers, &key, &bytes, || start(&state, &value, &tenant)).await?;
     Ok(outcome_response(outcome))
 }
 
 /// Starts the task: (status, body) as for an idempotent outcome.
-async fn start(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> (u16, String) {
+async fn start(state: &Arc<AppState>, value: &LmspRequest, tenant: &Tenant) -> (u16, String) {
     match start_inner(state, value, tenant).await {
-        Ok(task) => (202, task.to_json().to_string()),
-        Err(p) => (p.0.status, p.to_value().to_string()),
+        Ok(task) => (202, json_text(&task.view())),
+        Err(p) => (p.0.status, p.to_json_text()),
     }
 }
 
-async fn start_inner(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> Result<TaskRecord, Problem> {
-    let mut request = request_to_engine(value)?;
-    request["stream"] = Value::Bool(false);
+async fn start_inner(state: &Arc<AppState>, value: &LmspRequest, tenant: &Tenant) -> Result<TaskRecord, Problem> {
+    let request = request_to_engine(&LmspRequest { stream: Some(false), ..value.clone() })?;
     let turn = start_turn(state, request, None, tenant).await?;
     let StartedTurn { stream, mapper, persist, id, .. } = turn;
     let record = TaskRecord {
@@ -74,7 +68,7 @@ async fn start_inner(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> R
         status: "in_progress".into(),
         finished_at: None,
         last_event_id: 0,
-        response: Value::Null,
+        response: None,
         tenant: tenant.as_str().to_string(),
     };
     let to_store = record.clone();
@@ -88,7 +82,7 @@ async fn start_inner(state: &Arc<AppState>, value: &Value, tenant: &Tenant) -> R
 /// GET /lmsp/v1/tasks/{id}
 pub async fn retrieve(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, Path(id): Path<String>) -> Response {
     match find(&state, &id, &tenant).await {
-        Ok(task) => outcome_response((200, task.to_json().to_string())),
+        Ok(task) => outcome_response((200, json_text(&task.view()))),
         Err(p) => p.into_response(),
     }
 }
@@ -108,7 +102,7 @@ pub async fn cancel(State(state): State<Arc<AppState>>, Extension(tenant): Exten
             }
         };
         let _ = tokio::time::timeout(CANCEL_WAIT, ended).await;
-        return outcome_response((200, live.record().to_json().to_string()));
+        return outcome_response((200, json_text(&live.record().view())));
     }
     retrieve(State(state), Extension(tenant), Path(id)).await
 }
@@ -135,13 +129,9 @@ pub async fn events(
     State(state): State<Arc<AppState>>,
     Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
-    q: Result<Query<EventsQuery>, QueryRejection>,
+    QueryParams(q): QueryParams<EventsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let q = match q {
-        Ok(Query(q)) => q,
-        Err(rejection) => return Problem(crate::app::error::query_error(rejection)).into_response(),
-    };
     match events_inner(state, id, q, headers, tenant).await {
         Ok(r) => r,
         Err(p) => p.into_response(),
@@ -210,14 +200,12 @@ fn follow(live: Arc<LiveTask>, mut after: u64) -> Body {
 }
 
 fn frame(e: &TaskEvent) -> String {
-    sse_frame(e.id, &e.event, &e.data)
+    e.sse_frame()
 }
 
-fn sse_response(body: Body) -> Response {
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("lmsp-version", HeaderValue::from_static(LMSP_VERSION));
+/// An SSE response with LMSP's version header.
+pub(super) fn sse_response(body: Body) -> Response {
+    let mut r = sse::response(body);
+    r.headers_mut().insert("lmsp-version", HeaderValue::from_static(LMSP_VERSION));
     r
 }
