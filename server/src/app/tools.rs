@@ -196,18 +196,18 @@ fn call_block(call: &TemplateToolCall) -> String {
     };
     format!(
         "{TOOL_CALL_OPEN}\n{{\"name\": {}, \"arguments\": {arguments}}}\n{TOOL_CALL_CLOSE}",
-        py_json(&Value::String(call.function.name.clone()))
+        py_json(&call.function.name)
     )
 }
 
 /// JSON as Python's `json.dumps(ensure_ascii=False)` writes it.
-fn py_json(value: &Value) -> String {
+fn py_json<T: Serialize + ?Sized>(value: &T) -> String {
     let mut buf = Vec::new();
     let mut ser = serde_json::Serializer::with_formatter(&mut buf, PyFormatter);
     if value.serialize(&mut ser).is_err() {
-        return value.to_string();
+        return serde_json::to_string(value).unwrap_or_default();
     }
-    String::from_utf8(buf).unwrap_or_else(|_| value.to_string())
+    String::from_utf8(buf).unwrap_or_default()
 }
 
 /// `", "` between items and `": "` after keys.

@@ -167,11 +167,11 @@ async fn connection(state: Arc<AppState>, socket: WebSocket, tenant: Tenant, mut
                             continue;
                         }
                     };
-                    let previous = request.previous_response_id();
+                    let previous = request.previous_response_id.clone();
                     if request.kind == Some(ClientMessageType::Compact) {
                         let history = previous.as_deref().and_then(|id| local.get(id));
                         let ending = Arc::new(AtomicBool::new(false));
-                        let handle = tokio::spawn(run_compact(state.clone(), request.body, history, tenant.clone(), out.clone(), ending.clone()));
+                        let handle = tokio::spawn(run_compact(state.clone(), request.into_body(), history, tenant.clone(), out.clone(), ending.clone()));
                         running = Some(Running { handle, previous: None, ending });
                         continue;
                     }
@@ -261,8 +261,8 @@ async fn begin(state: &Arc<AppState>, request: ClientMessage, local: &LocalRespo
             return Err(ApiError::invalid(field, format!("'{field}' is not allowed over WebSocket.")));
         }
     }
-    let local_history = request.previous_response_id().and_then(|id| local.get(&id));
-    start_turn(state, Value::Object(request.body), local_history, tenant).await
+    let local_history = request.previous_response_id.as_deref().and_then(|id| local.get(id));
+    start_turn(state, request.into_body(), local_history, tenant).await
 }
 
 /// A client's message: its `type` and the request body.
@@ -270,13 +270,19 @@ async fn begin(state: &Arc<AppState>, request: ClientMessage, local: &LocalRespo
 struct ClientMessage {
     #[serde(rename = "type")]
     kind: Option<ClientMessageType>,
+    /// The response this one continues.
+    previous_response_id: Option<String>,
     #[serde(flatten)]
     body: Map<String, Value>,
 }
 
 impl ClientMessage {
-    fn previous_response_id(&self) -> Option<String> {
-        self.body.get("previous_response_id").and_then(Value::as_str).map(str::to_owned)
+    /// The request body without `type` (`previous_response_id` put back).
+    fn into_body(mut self) -> Value {
+        if let Some(previous) = self.previous_response_id {
+            self.body.insert("previous_response_id".to_owned(), previous.into());
+        }
+        Value::Object(self.body)
     }
 }
 
@@ -321,13 +327,13 @@ async fn run_turn(state: Arc<AppState>, turn: StartedTurn, out: mpsc::Sender<Mes
 /// can be compacted too.
 async fn run_compact(
     state: Arc<AppState>,
-    body: Map<String, Value>,
+    body: Value,
     history: Option<Vec<InputItem>>,
     tenant: Tenant,
     out: mpsc::Sender<Message>,
     ending: Arc<AtomicBool>,
 ) -> TurnOutcome {
-    let result = super::compact::compact_value(state, Value::Object(body), history, &tenant).await;
+    let result = super::compact::compact_value(state, body, history, &tenant).await;
     ending.store(true, Ordering::Release);
     match result {
         Ok(compaction) => {
