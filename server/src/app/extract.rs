@@ -90,10 +90,16 @@ pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Ap
     serde_path_to_error::deserialize(value).map_err(shape_error)
 }
 
-fn shape_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> ApiError {
+/// A syntax error is `invalid_json`; JSON of the wrong shape is
+/// `invalid_value` naming the field (`body` at the top level).
+fn shape_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let path = e.path().to_string();
-    let error = ApiError::invalid_json(e.inner());
-    if path == "." { error } else { error.with_param(path) }
+    let inner = e.into_inner();
+    if !inner.is_data() {
+        return ApiError::invalid_json(inner);
+    }
+    let param = if path == "." { "body".to_owned() } else { path };
+    ApiError::invalid(param.clone(), format!("Invalid value for '{param}': {inner}"))
 }
 
 /// A query string parsed as `T`.
@@ -161,8 +167,10 @@ mod tests {
     #[test]
     fn a_body_of_the_wrong_shape_names_the_problem() {
         let e = parse_json::<Q>(br#"{"after": "x"}"#).err();
-        let e = e.map(|e| (e.status, e.code, e.message));
-        assert!(matches!(&e, Some((400, Some(code), m)) if code == "invalid_json" && m.contains("invalid type")), "{e:?}");
+        let e = e.map(|e| (e.status, e.code, e.param, e.message));
+        assert!(matches!(&e, Some((400, Some(code), Some(param), m)) if code == "invalid_value" && param == "after" && m.contains("invalid type")), "{e:?}");
+        let syntax = parse_json::<Q>(b"{\"after\": ").err().and_then(|e| e.code);
+        assert_eq!(syntax.as_deref(), Some("invalid_json"));
         let nested = parse_json::<Vec<Q>>(br#"[{"after": 1}, {"after": -1}]"#).err().and_then(|e| e.param);
         assert_eq!(nested.as_deref(), Some("[1].after"));
         assert!(parse_json::<Q>(br#"{"after": 3} trailing"#).is_err());

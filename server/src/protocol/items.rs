@@ -62,8 +62,9 @@ impl InputItem {
             Self::Message(m) => m.id.as_deref(),
             Self::FunctionCall(c) => c.id.as_deref(),
             Self::Reasoning(r) => r.id.as_deref(),
+            Self::FunctionCallOutput(o) => o.id.as_deref(),
+            Self::Compaction(c) => c.id.as_deref(),
             Self::ItemReference(r) => Some(&r.id),
-            Self::FunctionCallOutput(_) | Self::Compaction(_) => None,
         }
     }
 }

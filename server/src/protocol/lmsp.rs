@@ -162,7 +162,7 @@ pub struct LmspResponse {
     pub model: String,
     /// Output items.
     pub output: Vec<LmspItem>,
-    /// Token counts, once finished.
+    /// Token counts (zeros before any are known, as LMSP 1.0 always sends them).
     pub usage: Option<LmspUsage>,
     /// Why it failed.
     pub error: Option<ProblemDoc>,
@@ -179,7 +179,7 @@ impl From<&ResponseObject> for LmspResponse {
             status: r.status,
             model: r.model.clone(),
             output: r.output.iter().map(LmspItem::from).collect(),
-            usage: r.usage.map(LmspUsage::from),
+            usage: Some(r.usage.map(LmspUsage::from).unwrap_or_default()),
             error: (r.status == ResponseStatus::Failed).then(|| ProblemDoc::of_response_error(r.error.as_ref())),
             incomplete_details: r.incomplete_details.clone(),
         }
@@ -380,6 +380,13 @@ mod tests {
         assert_eq!(item["data"]["item"]["content"], json!([{"type": "output_text", "text": "A"}]));
         assert!(mapped[4].is_terminal() && !mapped[3].is_terminal());
         assert_eq!(LmspEvent::cancelled("r").sse_frame(9), "id: 9\nevent: response.cancelled\ndata: {\"response_id\":\"r\",\"status\":\"cancelled\"}\n\n");
+    }
+
+    #[test]
+    fn a_response_without_usage_reports_zeros() {
+        let req = validate(json!({"input": "x", "model": "m"}), &RequestLimits::default()).unwrap();
+        let response = ResponseMapper::new("resp_1".into(), 5, &req).response();
+        assert_eq!(serde_json::to_value(LmspResponse::from(&response)).unwrap()["usage"], json!({"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}));
     }
 
     #[test]

@@ -396,10 +396,25 @@ fn insert_events(tx: &Transaction<'_>, id: &str, events: &[Value]) -> Result<i64
     Ok(added)
 }
 
+/// The stored response object marked failed, as JSON, and typed when it
+/// reads back as a [`ResponseObject`]; a row this build cannot read is
+/// patched as JSON (it must not stop the daemon from starting).
+fn failed_for_restart(response_text: &str) -> Result<(Value, Option<ResponseObject>), StoreError> {
+    if let Ok(mut response) = serde_json::from_str::<ResponseObject>(response_text) {
+        fail_for_restart(&mut response);
+        return Ok((serde_json::to_value(&response)?, Some(response)));
+    }
+    let mut response: Value = serde_json::from_str(response_text)?;
+    if let Some(object) = response.as_object_mut() {
+        object.insert("status".into(), Value::from(STATUS_FAILED));
+        object.insert("error".into(), serde_json::to_value(super::restart_error())?);
+    }
+    Ok((response, None))
+}
+
 /// Fails one unfinished response for the restart (row, object, terminal event if it has events).
 fn fail_one(tx: &Transaction<'_>, id: &str, response_text: &str) -> Result<(), StoreError> {
-    let mut response: ResponseObject = serde_json::from_str(response_text)?;
-    fail_for_restart(&mut response);
+    let (response, typed) = failed_for_restart(response_text)?;
     let new_text = serde_json::to_string(&response)?;
     let delta = i64::try_from(new_text.len()).unwrap_or(i64::MAX)
         - i64::try_from(response_text.len()).unwrap_or(i64::MAX);
@@ -410,9 +425,13 @@ fn fail_one(tx: &Transaction<'_>, id: &str, response_text: &str) -> Result<(), S
     let last: Option<i64> = tx
         .prepare_cached("SELECT MAX(seq) FROM events WHERE response_id = ?1")?
         .query_row([id], |r| r.get(0))?;
-    if let Some(last) = last {
-        let event = restart_failed_event(&response, to_u64(last.saturating_add(1)));
-        insert_events(tx, id, &[event])?;
+    match (last, typed) {
+        (Some(last), Some(response)) => {
+            let event = restart_failed_event(&response, to_u64(last.saturating_add(1)));
+            insert_events(tx, id, &[event])?;
+        }
+        (Some(_), None) => tracing::warn!("stored response {id} does not read back; marked failed without a terminal event"),
+        (None, _) => {}
     }
     Ok(())
 }
@@ -629,5 +648,34 @@ impl ResponseStore for SqliteStore {
 
     fn len(&self) -> Result<usize, StoreError> {
         Ok(usize::try_from(self.lock().totals.rows).unwrap_or(usize::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_this_build_cannot_read_is_still_failed_at_restart() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("store.sqlite3");
+        drop(SqliteStore::open(&path, StoreConfig::default())?);
+        {
+            let conn = Connection::open(&path)?;
+            conn.execute(
+                "INSERT INTO responses (id, created_at, status, background, response, bytes) VALUES ('resp_odd', 1, 'in_progress', 1, ?1, 2)",
+                [r#"{"id": "resp_odd", "status": "in_progress"}"#],
+            )?;
+            conn.execute("INSERT INTO events (response_id, seq, event) VALUES ('resp_odd', 0, '{}')", [])?;
+        }
+        let store = SqliteStore::open(&path, StoreConfig::default())?;
+        assert_eq!(store.mark_unfinished_failed()?, 1);
+        drop(store);
+        let conn = Connection::open(&path)?;
+        let (status, response): (String, String) =
+            conn.query_row("SELECT status, response FROM responses WHERE id = 'resp_odd'", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let response: Value = serde_json::from_str(&response)?;
+        assert_eq!((status.as_str(), &response["status"], &response["error"]["code"]), ("failed", &Value::from("failed"), &Value::from("server_error")));
+        Ok(())
     }
 }

@@ -108,6 +108,9 @@ pub fn round_trip(s: &dyn ResponseStore) {
 pub fn input_items_pagination(s: &dyn ResponseStore) {
     let mut r = rec("resp_p", 1, "completed", None);
     r.input_items = (0..5).map(|i| user_item(&format!("it{i}"), "x")).collect();
+    // Every kind of item pages by its id, tool results and compactions too.
+    r.input_items[2] = serde_json::from_value(json!({"type": "function_call_output", "id": "it2", "call_id": "c", "output": "ok"})).unwrap();
+    r.input_items[3] = serde_json::from_value(json!({"type": "compaction", "id": "it3", "encrypted_content": "e"})).unwrap();
     s.put(&r).unwrap();
     let page = |after, limit, order| {
         ids(&s

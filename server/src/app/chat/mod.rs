@@ -40,7 +40,8 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, Extension(tena
 }
 
 /// POST /v1/completions: a raw prompt (text or token ids), no chat template.
-pub async fn completions(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, JsonBody(body): JsonBody<CompletionsBody>) -> Result<Response, ApiError> {
+pub async fn completions(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, JsonBody(body): JsonBody<serde_json::Value>) -> Result<Response, ApiError> {
+    let body = CompletionsBody::parse(body)?;
     body.check_supported()?;
     let prompt = completion_prompt(&state, body.prompt.clone())?;
     let (responses_body, mut extras) = chat_to_responses(body.into_chat())?;
@@ -103,7 +104,7 @@ async fn run(state: Arc<AppState>, turn: StartedTurn, api: Api, extras: &ChatExt
     tokio::spawn(drive(state, stream, mapper, Some(Sink::new(tx)), persist));
     let mut chunks = ChunkMapper::new(api, extras.include_usage, extras.logprobs);
     let frames = ReceiverStream::new(rx).filter_map(move |out| match out {
-        Outgoing::Event(event) => Some(chunks.push(&event).iter().map(data_frame).collect()),
+        Outgoing::Event(event) => Some(chunks.push(&event).iter().map(data_frame).collect::<String>()).filter(|text| !text.is_empty()),
         Outgoing::KeepAlive => Some(super::sse::KEEP_ALIVE.to_string()),
         Outgoing::Done => Some(super::sse::DONE.to_string()),
     });

@@ -4,6 +4,7 @@
 //! `max_tokens` below 16) are set on the validated request. One validator
 //! and one model-output layer serve every protocol.
 
+use crate::app::extract::from_value;
 use crate::protocol::error::ApiError;
 use crate::protocol::items::{FunctionCallInput, FunctionCallOutputInput, FunctionOutput, InputContent, InputMessage, MessageContent, Role};
 use crate::protocol::InputItem;
@@ -129,8 +130,8 @@ pub struct ChatToolCall {
 pub struct ChatFunctionCall {
     /// Function name.
     pub name: Option<String>,
-    /// Arguments as a JSON string.
-    pub arguments: Option<String>,
+    /// Arguments: a JSON string, or (as some clients send them) the object.
+    pub arguments: Option<Value>,
 }
 
 /// `{type: function, function: {...}}`.
@@ -196,7 +197,7 @@ pub struct ResponseFormat {
 }
 
 /// A Completions request body: a raw prompt, and the chat fields that apply.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct CompletionsBody {
     /// Text, or token ids.
     pub prompt: Option<Prompt>,
@@ -209,11 +210,33 @@ pub struct CompletionsBody {
     /// How many alternatives per token to return (Completions' `logprobs`).
     pub logprobs: Option<Value>,
     /// The fields shared with Chat Completions.
-    #[serde(flatten)]
     pub chat: ChatBody,
 }
 
+/// The fields only Completions has.
+#[derive(Debug, Deserialize)]
+struct CompletionsOnly {
+    prompt: Option<Prompt>,
+    echo: Option<Value>,
+    suffix: Option<Value>,
+    best_of: Option<Value>,
+    logprobs: Option<Value>,
+}
+
 impl CompletionsBody {
+    /// Reads a body: its own fields, then the rest as a [`ChatBody`] (read
+    /// apart, so that a bad field is named by its path).
+    pub fn parse(body: Value) -> Result<Self, ApiError> {
+        let Value::Object(mut fields) = body else {
+            return Err(ApiError::invalid("body", "The request body must be a JSON object."));
+        };
+        let own: Map<String, Value> =
+            ["prompt", "echo", "suffix", "best_of", "logprobs"].iter().filter_map(|k| fields.remove_entry(*k)).collect();
+        let only: CompletionsOnly = from_value(Value::Object(own))?;
+        let chat: ChatBody = from_value(Value::Object(fields))?;
+        Ok(Self { prompt: only.prompt, echo: only.echo, suffix: only.suffix, best_of: only.best_of, logprobs: only.logprobs, chat })
+    }
+
     /// Refuses the Completions features this server does not have.
     pub fn check_supported(&self) -> Result<(), ApiError> {
         let fields = [("echo", &self.echo), ("suffix", &self.suffix), ("best_of", &self.best_of)];
@@ -387,7 +410,11 @@ fn message_items(m: &ChatMessage, i: usize, out: &mut Vec<InputItem>) -> Result<
                 let (Some(id), Some(name)) = (&call.id, function.and_then(|f| f.name.as_ref())) else {
                     return Err(ApiError::invalid(param(&format!("tool_calls[{k}]")), "A tool call needs 'id' and 'function.name'."));
                 };
-                let arguments = function.and_then(|f| f.arguments.clone()).unwrap_or_else(|| "{}".to_owned());
+                let arguments = match function.and_then(|f| f.arguments.as_ref()) {
+                    Some(Value::String(text)) => text.clone(),
+                    None | Some(Value::Null) => "{}".to_owned(),
+                    Some(other) => other.to_string(),
+                };
                 out.push(InputItem::FunctionCall(FunctionCallInput { id: None, call_id: id.clone(), name: name.clone(), arguments, status: None }));
             }
         }
@@ -523,5 +550,16 @@ mod tests {
         assert_eq!(param(json!({"messages": [{"role": "user", "content": [{"type": "audio"}]}]})).as_deref(), Some("messages[0].content[0]"));
         assert_eq!(param(json!({"messages": [], "stream": "yes"})).as_deref(), Some("stream"));
         assert_eq!(param(json!({"messages": [], "tools": [{"type": "function"}]})).as_deref(), Some("tools[0].function"));
+        let completions = |body: Value| CompletionsBody::parse(body).err().and_then(|e| e.param);
+        assert_eq!(completions(json!({"prompt": "x", "max_tokens": -1})).as_deref(), Some("max_tokens"));
+        assert_eq!(completions(json!({"prompt": {"a": 1}})).as_deref(), Some("prompt"));
+    }
+
+    #[test]
+    fn tool_call_arguments_sent_as_an_object_are_kept() -> Result<(), ApiError> {
+        let body = json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": {"city": "Paris"}}}]}]});
+        let (r, _) = chat_to_responses(chat_body(body)?)?;
+        assert_eq!(r["input"][0]["arguments"], json!("{\"city\":\"Paris\"}"));
+        Ok(())
     }
 }

@@ -137,14 +137,17 @@ impl LegacyLogprobs {
     }
 }
 
-/// A token's alternatives as `{text: logprob}`, in rank order.
+/// A token's alternatives as `{text: logprob}`, in rank order (two tokens
+/// with the same text keep the better-ranked one: JSON keys are unique).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopByText(pub Vec<(String, f64)>);
 
 impl Serialize for TopByText {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (token, logprob) in &self.0 {
+        let mut seen = std::collections::HashSet::new();
+        let unique: Vec<_> = self.0.iter().filter(|(token, _)| seen.insert(token.as_str())).collect();
+        let mut map = serializer.serialize_map(Some(unique.len()))?;
+        for (token, logprob) in unique {
             map.serialize_entry(token, logprob)?;
         }
         map.end()
@@ -271,4 +274,15 @@ pub struct Delta {
     /// A call starting, or more of its arguments.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alternatives_with_the_same_text_keep_the_better_ranked_one() {
+        let top = TopByText(vec![("a".into(), -0.1), ("b".into(), -0.5), ("a".into(), -0.9)]);
+        assert_eq!(serde_json::to_string(&top).ok().as_deref(), Some(r#"{"a":-0.1,"b":-0.5}"#));
+    }
 }
