@@ -43,7 +43,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, Extension(tena
 pub async fn completions(State(state): State<Arc<AppState>>, Extension(tenant): Extension<Tenant>, JsonBody(body): JsonBody<serde_json::Value>) -> Result<Response, ApiError> {
     let body = CompletionsBody::parse(body)?;
     body.check_supported()?;
-    let prompt = completion_prompt(&state, body.prompt.clone())?;
+    let prompt = completion_prompt(&state, body.own.prompt.clone())?;
     let (responses_body, mut extras) = chat_to_responses(body.into_chat())?;
     extras.max_tokens = Some(extras.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS));
     let req = with_extras(&state, validate_for(&state, responses_body)?, &extras)?;

@@ -33,11 +33,11 @@ pub struct ChatBody {
     /// `text`, `json_object` or `json_schema`.
     pub response_format: Option<ResponseFormat>,
     /// Becomes `reasoning.effort`.
-    pub reasoning_effort: Option<Value>,
+    pub reasoning_effort: Option<String>,
     /// Attach token log-probabilities.
     pub logprobs: Option<bool>,
     /// Alternatives per token (needs `logprobs`).
-    pub top_logprobs: Option<Value>,
+    pub top_logprobs: Option<u32>,
     /// Choices (only 1).
     pub n: Option<u64>,
     /// Answer as SSE chunks.
@@ -199,6 +199,15 @@ pub struct ResponseFormat {
 /// A Completions request body: a raw prompt, and the chat fields that apply.
 #[derive(Debug)]
 pub struct CompletionsBody {
+    /// The fields only Completions has.
+    pub own: CompletionsFields,
+    /// The fields shared with Chat Completions.
+    pub chat: ChatBody,
+}
+
+/// The fields only Completions has.
+#[derive(Debug, Deserialize)]
+pub struct CompletionsFields {
     /// Text, or token ids.
     pub prompt: Option<Prompt>,
     /// Unsupported unless `false`.
@@ -208,19 +217,7 @@ pub struct CompletionsBody {
     /// Unsupported unless 1.
     pub best_of: Option<Value>,
     /// How many alternatives per token to return (Completions' `logprobs`).
-    pub logprobs: Option<Value>,
-    /// The fields shared with Chat Completions.
-    pub chat: ChatBody,
-}
-
-/// The fields only Completions has.
-#[derive(Debug, Deserialize)]
-struct CompletionsOnly {
-    prompt: Option<Prompt>,
-    echo: Option<Value>,
-    suffix: Option<Value>,
-    best_of: Option<Value>,
-    logprobs: Option<Value>,
+    pub logprobs: Option<u32>,
 }
 
 impl CompletionsBody {
@@ -232,14 +229,12 @@ impl CompletionsBody {
         };
         let own: Map<String, Value> =
             ["prompt", "echo", "suffix", "best_of", "logprobs"].iter().filter_map(|k| fields.remove_entry(*k)).collect();
-        let only: CompletionsOnly = from_value(Value::Object(own))?;
-        let chat: ChatBody = from_value(Value::Object(fields))?;
-        Ok(Self { prompt: only.prompt, echo: only.echo, suffix: only.suffix, best_of: only.best_of, logprobs: only.logprobs, chat })
+        Ok(Self { own: from_value(Value::Object(own))?, chat: from_value(Value::Object(fields))? })
     }
 
     /// Refuses the Completions features this server does not have.
     pub fn check_supported(&self) -> Result<(), ApiError> {
-        let fields = [("echo", &self.echo), ("suffix", &self.suffix), ("best_of", &self.best_of)];
+        let fields = [("echo", &self.own.echo), ("suffix", &self.own.suffix), ("best_of", &self.own.best_of)];
         for (field, value) in fields {
             let harmless = |v: &Value| v.is_null() || *v == Value::Bool(false) || v.as_u64() == Some(1);
             if value.as_ref().is_some_and(|v| !harmless(v)) {
@@ -260,7 +255,7 @@ impl CompletionsBody {
             tool_calls: None,
             tool_call_id: None,
         }]);
-        if let Some(n) = self.logprobs.filter(|v| !v.is_null()) {
+        if let Some(n) = self.own.logprobs {
             chat.logprobs = Some(true);
             chat.top_logprobs = Some(n);
         }
@@ -311,12 +306,12 @@ struct ResponsesBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     text: Option<TextFormat>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    top_logprobs: Option<Value>,
+    top_logprobs: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
 struct Effort {
-    effort: Value,
+    effort: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -344,17 +339,17 @@ pub fn chat_to_responses(body: ChatBody) -> Result<(Value, ChatExtras), ApiError
         return Err(ApiError::invalid("n", "Only n = 1 is supported; send parallel requests for more choices."));
     }
     let logprobs = body.logprobs.unwrap_or(false);
-    let top_logprobs = match body.top_logprobs.filter(|v| !v.is_null()) {
+    let top_logprobs = match body.top_logprobs {
         Some(_) if !logprobs => return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true.")),
         Some(n) => Some(n),
-        None => logprobs.then(|| Value::from(0)),
+        None => logprobs.then_some(0),
     };
     let passthrough = body.other.into_iter().filter(|(k, v)| PASSTHROUGH.contains(&k.as_str()) && !v.is_null()).collect();
     let responses = ResponsesBody {
         input: chat_input(messages)?,
         store: false,
         passthrough,
-        reasoning: body.reasoning_effort.filter(|v| !v.is_null()).map(|effort| Effort { effort }),
+        reasoning: body.reasoning_effort.map(|effort| Effort { effort }),
         tools: body.tools.map(responses_tools).transpose()?,
         tool_choice: body.tool_choice.map(|choice| match choice {
             ChatToolChoice::Named { function } => ResponsesToolChoice::Function { kind: "function", name: function.name },
