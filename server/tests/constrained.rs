@@ -11,7 +11,7 @@
 mod common;
 
 use serde_json::{json, Value};
-use spindle_server::app::tools::render_prompt;
+use spindle_server::app::format::tools::render_prompt;
 use spindle_server::app::Limits;
 use spindle_server::protocol::{validate, RequestLimits};
 

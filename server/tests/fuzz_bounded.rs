@@ -9,10 +9,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use serde_json::{json, Map, Value};
-use spindle_server::app::chat::request::{chat_to_responses, ChatBody};
-use spindle_server::app::extract::from_value;
-use spindle_server::app::sse;
-use spindle_server::app::tool_parser::ToolCallParser;
+use spindle_server::app::routes::chat::request::{chat_to_responses, ChatBody};
+use spindle_server::app::http::extract::from_value;
+use spindle_server::app::http::sse;
+use spindle_server::app::format::tool_parser::ToolCallParser;
 use spindle_server::protocol::mapper::MapperInput;
 use spindle_server::protocol::{validate, RequestLimits};
 use spindle_testenv::Rng;

@@ -328,9 +328,9 @@ async fn truncation_auto_drops_the_oldest_turns_but_disabled_refuses() {
     // The prompt the server builds for this request: the newest turns and the
     // new input survive, the oldest are gone, the instructions stay.
     let request = spindle_server::protocol::validate(body.clone(), &spindle_server::protocol::RequestLimits::default()).expect("valid");
-    let tenant = spindle_server::app::auth::Tenant::anonymous();
-    let history = spindle_server::app::turn::history(&s.state, prev.as_deref(), &tenant).expect("history");
-    let prompt = spindle_server::app::turn::prepare(&s.state, &request, history, &tenant).expect("prepared").prompt;
+    let tenant = spindle_server::app::access::auth::Tenant::anonymous();
+    let history = spindle_server::app::runtime::turn::history(&s.state, prev.as_deref(), &tenant).expect("history");
+    let prompt = spindle_server::app::runtime::turn::prepare(&s.state, &request, history, &tenant).expect("prepared").prompt;
     let text = s.state.model.tokenizer.decode(&prompt, false).expect("decode");
     // The user turns in the prompt, by their markers (outputs may echo a marker).
     let kept: Vec<usize> = text

@@ -11,9 +11,9 @@ mod common;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use spindle_server::app::auth::Tenant;
-use spindle_server::app::drive::{drive, Sink};
-use spindle_server::app::responses::start_turn;
+use spindle_server::app::access::auth::Tenant;
+use spindle_server::app::runtime::drive::{drive, Sink};
+use spindle_server::app::runtime::start::start_turn;
 use spindle_server::app::Limits;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -136,4 +136,44 @@ async fn a_client_that_stops_reading_loses_its_stream_after_the_stall_timeout() 
     assert!(produced, "{response:?}");
     assert!(took < Duration::from_secs(20), "took {took:?} for 4000 tokens nobody read");
     common::assert_blocks_freed(&s, 5, "after the stall").await;
+}
+
+#[tokio::test]
+async fn a_socket_that_is_never_read_loses_its_stream_after_the_stall_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = Limits { stream_stall_timeout: Duration::from_secs(1), ..Limits::default() };
+    // Small socket buffers at both ends: the server's writes block after a
+    // few kB (loopback buffers would otherwise absorb the whole stream).
+    let s = common::start_with_send_buffer(limits, 4096).await;
+    let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().expect("the server's address");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut conn = socket.connect(addr).await.expect("connect");
+    let body = serde_json::to_vec(&long(json!({"stream": true}))).expect("json");
+    let head = format!("POST /v1/responses HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    conn.write_all(head.as_bytes()).await.expect("write head");
+    conn.write_all(&body).await.expect("write body");
+    // Read until the response id has arrived, then never again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    let id = loop {
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        if let Some(id) = text.split("\"id\":\"resp_").nth(1).and_then(|rest| rest.split('"').next()) {
+            break format!("resp_{id}");
+        }
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout_at(deadline, conn.read(&mut buf)).await.expect("the first event in time").expect("read");
+        assert!(n > 0, "the server closed the stream before its first event: {text}");
+        seen.extend_from_slice(&buf[..n]);
+    };
+    let started = std::time::Instant::now();
+    let stored = wait_for(&s, &id, 60, "ended while its client does not read", |r| r["status"] != "in_progress").await;
+    let took = started.elapsed();
+    assert_eq!(stored["status"], "cancelled", "{stored}");
+    let produced = stored["usage"]["output_tokens"].as_u64().unwrap_or(0);
+    assert!(produced < 4000, "the generation ran to its end ({produced} tokens) although nobody read it");
+    assert!(took < Duration::from_secs(30), "took {took:?} to give up on a client that does not read");
+    // The connection is still open, and the KV blocks are free.
+    common::assert_blocks_freed(&s, 5, "with the unread socket still open").await;
+    drop(conn);
 }

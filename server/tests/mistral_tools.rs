@@ -9,7 +9,7 @@
 mod common;
 
 use serde_json::{json, Value};
-use spindle_server::app::constrain::CallFormat;
+use spindle_server::app::format::constrain::CallFormat;
 use spindle_server::app::Limits;
 use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyModelOptions};
 use std::path::Path;

@@ -5,8 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use serde_json::{json, Value};
-use spindle_server::app::reasoning::{ReasoningSplitter, ThinkTags};
-use spindle_server::app::tools::ToolCallParser;
+use spindle_server::app::format::reasoning::{ReasoningSplitter, ThinkTags};
+use spindle_server::app::format::tool_parser::ToolCallParser;
 use spindle_server::protocol::{validate, FinishKind, MapperInput, RequestLimits, ResponseMapper, UsageCounts};
 
 const TAGS: ThinkTags = ThinkTags { open: 900, close: 901 };
@@ -16,7 +16,7 @@ fn reasoning_then_a_streamed_call_with_reasoning_tokens_counted() {
     let req = validate(json!({"model": "m", "input": "x", "tools": [{"type": "function", "name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]}), &RequestLimits::default()).unwrap();
     let mut mapper = ResponseMapper::new("resp_r".into(), 1, &req);
-    let mut parser = ToolCallParser::for_response(mapper.response_ref(), spindle_server::app::constrain::CallFormat::Hermes(None)).unwrap();
+    let mut parser = ToolCallParser::for_response(mapper.response_ref(), spindle_server::app::format::constrain::CallFormat::Hermes(None)).unwrap();
     let mut split = ReasoningSplitter::new(TAGS, false);
     let tokens: [(u32, &str); 9] = [(900, "<think>"), (1, "\nThe user"), (2, " wants weather.\n"), (901, "</think>"), (3, "\n\n"),
         (4, "<tool_call>\n{\"name\": \"get_weather\", "), (5, "\"arguments\": {\"city\": "), (6, "\"Oslo\"}}"), (7, "\n</tool_call>")];

@@ -10,7 +10,7 @@
 
 mod common;
 
-use spindle_server::app::auth::Tenant;
+use spindle_server::app::access::auth::Tenant;
 
 use serde_json::{json, Value};
 use spindle_server::app::Limits;
@@ -171,8 +171,8 @@ async fn a_tool_loop_turn_extends_the_last_turn_token_for_token() {
         let mut prompts = Vec::new();
         for body in [&chained, &stateless] {
             let req = validate(body.clone(), &RequestLimits::default()).unwrap();
-            let history = spindle_server::app::turn::history(&s.state, req.previous_response_id.as_deref(), &Tenant::anonymous()).unwrap();
-            prompts.push(spindle_server::app::turn::prepare(&s.state, &req, history, &Tenant::anonymous()).unwrap().prompt);
+            let history = spindle_server::app::runtime::turn::history(&s.state, req.previous_response_id.as_deref(), &Tenant::anonymous()).unwrap();
+            prompts.push(spindle_server::app::runtime::turn::prepare(&s.state, &req, history, &Tenant::anonymous()).unwrap().prompt);
         }
         assert_eq!(prompts[0], prompts[1], "seed {seed}: chained and stateless turns render the same ids");
         if !prompts[0].starts_with(&recorded) {
@@ -243,4 +243,94 @@ async fn a_summary_asked_for_streams_as_the_reasoning_items_summary_part() {
     let body = json!({"model": "summarizer", "input": "Is it ok?", "max_output_tokens": 24, "seed": 1});
     let r: Value = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
     assert_eq!(r["output"][0]["summary"], json!([]), "{r}");
+}
+
+/// The model's own steps, slowed down, with `</think>` forced as the third
+/// token: a reasoning item ends early and the answer runs on for a while.
+struct ClosesThinkingEarly {
+    inner: spindle_engine::runner::ModelRunner,
+    close: u32,
+    steps: usize,
+}
+
+impl spindle_engine::runner::Executor for ClosesThinkingEarly {
+    fn execute(&mut self, batch: &spindle_engine::batch::ForwardBatch) -> spindle_engine::Result<spindle_engine::batch::StepOutput> {
+        let mut out = self.inner.execute(batch)?;
+        self.steps += 1;
+        for seq in &mut out.seqs {
+            if let Some(sampled) = seq.sampled.as_mut() {
+                if self.steps == 3 {
+                    sampled.token = self.close;
+                } else if sampled.token == self.close {
+                    sampled.token = 100;
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        Ok(out)
+    }
+
+    fn context_length(&self) -> usize {
+        self.inner.context_length()
+    }
+
+    fn kv_geometry(&self) -> spindle_engine::runner::KvGeometry {
+        self.inner.kv_geometry()
+    }
+}
+
+#[tokio::test]
+async fn a_background_response_stores_each_finished_item_while_it_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r1");
+    write_tiny_model(&TinyModelOptions::new(TinyArch::Qwen3), &dir).unwrap();
+    make_thinking(&dir, R1_TEMPLATE);
+    let tok: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap();
+    let close = tok["added_tokens"].as_array().unwrap().iter().find(|t| t["content"] == "</think>").unwrap()["id"].as_u64().unwrap() as u32;
+    let s = common::start_model_with(dir.to_str().unwrap(), "r1", vec![], Limits::default(), |s| Arc::new(s), |model| ClosesThinkingEarly {
+        inner: spindle_engine::runner::ModelRunner::new(model, 256, 16),
+        close,
+        steps: 0,
+    })
+    .await;
+    let body = json!({"model": "r1", "input": "Think, then answer at length.", "background": true, "max_output_tokens": 300, "ignore_eos": true});
+    let created: Value = common::http().post(format!("{}/v1/responses", s.base)).json(&body).send().await.unwrap().json().await.unwrap();
+    let id = created["id"].as_str().expect("an id").to_string();
+    // While the answer is still being written, the stored response already
+    // holds the finished reasoning item, and its events replay so far.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let running = loop {
+        let r: Value = common::http().get(format!("{}/v1/responses/{id}", s.base)).send().await.unwrap().json().await.unwrap();
+        assert_ne!(r["status"], "completed", "the response finished before any progress was stored: {r}");
+        assert_ne!(r["status"], "incomplete", "the response finished before any progress was stored: {r}");
+        if r["status"] == "in_progress" && !r["output"].as_array().unwrap().is_empty() {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "no progress stored in time: {r}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    assert_eq!(running["output"][0]["type"], "reasoning", "{running}");
+    assert_eq!(running["output"][0]["status"], "completed", "{running}");
+    let replay = common::http().get(format!("{}/v1/responses/{id}?stream=true", s.base)).send().await.unwrap().text().await.unwrap();
+    assert!(replay.contains("event: response.output_item.done"), "{replay}");
+    assert!(!replay.contains("event: response.incomplete"), "the replay is of a running response: {replay}");
+    // And it still ends as it should, with every event stored once.
+    let done = loop {
+        let r: Value = common::http().get(format!("{}/v1/responses/{id}", s.base)).send().await.unwrap().json().await.unwrap();
+        if r["status"] != "in_progress" {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "the response did not end in time: {r}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["status"], "incomplete", "300 tokens with ignore_eos end at the cap: {done}");
+    assert_eq!(done["output"][1]["type"], "message", "{done}");
+    let replay = common::http().get(format!("{}/v1/responses/{id}?stream=true", s.base)).send().await.unwrap().text().await.unwrap();
+    let sequence: Vec<u64> = replay
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|e| e["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(sequence, (0..sequence.len() as u64).collect::<Vec<_>>(), "each event once, in order");
 }

@@ -6,7 +6,8 @@
 
 use serde_json::{json, Value};
 use spindle_engine::chat_template::ChatTemplate;
-use spindle_server::app::tools::{render_prompt, tools_section, ToolCallParser};
+use spindle_server::app::format::tool_parser::ToolCallParser;
+use spindle_server::app::format::tools::{render_prompt, tools_section};
 use spindle_server::app::Limits;
 use spindle_server::protocol::{
     validate, FinishKind, MapperInput, RequestLimits, ResponseMapper, UsageCounts, ValidRequest,
@@ -82,7 +83,7 @@ fn templates_that_read_tools_get_them_natively() {
 /// Feeds `output` one char at a time through parser and mapper, then ends.
 fn stream_through(req: &ValidRequest, output: &str) -> (Vec<Value>, Value) {
     let mut mapper = ResponseMapper::new("resp_t".into(), 1, req);
-    let mut parser = ToolCallParser::for_response(mapper.response_ref(), spindle_server::app::constrain::CallFormat::Hermes(None)).expect("tools on");
+    let mut parser = ToolCallParser::for_response(mapper.response_ref(), spindle_server::app::format::constrain::CallFormat::Hermes(None)).expect("tools on");
     let mut events = mapper.start();
     let finished = MapperInput::Finished { reason: FinishKind::Stop, usage: UsageCounts::default() };
     let inputs = output.chars().map(|c| MapperInput::TextDelta(c.to_string())).chain([finished]);

@@ -1,39 +1,31 @@
 //! The HTTP application: routes, middleware and handlers over [`AppState`].
+//!
+//! The layout shows the layers; each imports only from the ones above it in
+//! this list (checked by `import_layers_point_one_way` below):
+//! - [`format`]: the model's output formats (tool-call syntax and its
+//!   grammars, reasoning tags, the token ledger), plain functions of text and
+//!   tokens, testable without a server;
+//! - [`metrics`]: the Prometheus registry and its families;
+//! - [`access`]: who is calling (API keys and tenants), their stream slots,
+//!   and the sealing key of opaque blobs;
+//! - [`runtime`]: the shared state and the life of a turn (validate, render,
+//!   submit, drive the event stream, store, run in the background);
+//! - [`http`]: transport plumbing (body extractors and their errors, SSE
+//!   framing, problem documents, the access log);
+//! - [`routes`]: the handlers of each API surface (Responses, WebSocket,
+//!   compaction, Chat Completions, LMSP, tokenize, operations).
 
-pub mod access_log;
-pub mod auth;
-pub mod background;
-pub mod chat;
-pub mod body;
-pub mod compact;
-pub mod constrain;
-pub mod drive;
-pub mod lmsp;
-pub mod error;
-pub mod extract;
-pub mod gpu_stats;
-pub mod ledger;
-pub mod logprobs;
+pub mod access;
+pub mod format;
+pub mod http;
 pub mod metrics;
-mod metrics_sched;
-pub mod metrics_text;
-pub mod metrics_vllm;
-pub mod ops;
-pub mod reasoning;
-pub mod responses;
-pub mod seal;
-pub mod slots;
-pub mod sse;
-pub mod state;
-pub mod summary;
-pub mod tool_parser;
-pub mod tool_stream;
-pub mod tokenize;
-pub mod tools;
-pub mod turn;
-pub mod ws;
+pub mod routes;
+pub mod runtime;
 
-pub use state::{AppState, Limits, ModelInfo, SamplingDefaults};
+use routes::{chat, compact, lmsp, ops, responses, tokenize, ws};
+use http::{access_log, body};
+
+pub use runtime::state::{AppState, Limits, ModelInfo, SamplingDefaults};
 
 use crate::protocol::error::ApiError;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
@@ -112,7 +104,7 @@ async fn require_key(State(state): State<Arc<AppState>>, request: Request, next:
 async fn require_key_problem(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     match admit(&state, request) {
         Some(request) => next.run(request).await,
-        None => lmsp::problem::Problem(ApiError::unauthorized()).into_response(),
+        None => http::problem::Problem(ApiError::unauthorized()).into_response(),
     }
 }
 
@@ -137,3 +129,6 @@ async fn count_requests(State(state): State<Arc<AppState>>, request: Request, ne
     }
     access_log::log(access_log::AccessLine { request_id: id, method, route, status, started }, response)
 }
+
+#[cfg(test)]
+mod layers_test;

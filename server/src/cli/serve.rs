@@ -5,7 +5,7 @@ use crate::cli::engine::{self, EngineArgs, Started};
 use clap::Args;
 use spindle_engine::models::cache_root;
 use spindle_scheduler::SchedulerConfig;
-use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, SamplingDefaults};
+use spindle_server::app::{self, access::auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, SamplingDefaults};
 use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig, TaskStore};
 use spindle_server::net::{self, ConnectionLimits};
 use std::net::SocketAddr;
@@ -122,10 +122,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let store = open_store(&args)?;
     let key_path = store_path(&args).with_extension("compaction-key");
-    let sealer = spindle_server::app::seal::Sealer::load_or_create(&key_path)?;
+    let sealer = spindle_server::app::access::seal::Sealer::load_or_create(&key_path)?;
     let started = start_engine(&args)?;
     if let Some(telemetry) = started.telemetry {
-        spindle_server::app::gpu_stats::install(telemetry);
+        spindle_server::app::metrics::gpu_stats::install(telemetry);
     }
     let meta = started.meta;
     let state = Arc::new(AppState {

@@ -41,17 +41,26 @@ impl InputItem {
     /// trimmed): a lower bound on what it adds to a prompt. Assistant text
     /// is left out (templates may strip parts of it).
     pub fn verbatim_text_len(&self) -> usize {
-        let parts = |parts: &[InputContent]| parts.iter().filter_map(InputContent::text).map(|t| t.trim().len()).sum::<usize>();
-        match self {
+        self.verbatim_texts().iter().map(|t| t.len()).sum()
+    }
+
+    /// The texts [`Self::verbatim_text_len`] counts, each trimmed.
+    pub fn verbatim_texts(&self) -> Vec<&str> {
+        let (text, parts_of) = match self {
             Self::Message(m) if m.role != Role::Assistant => match &m.content {
-                MessageContent::Text(t) => t.trim().len(),
-                MessageContent::Parts(p) => parts(p),
+                MessageContent::Text(t) => (Some(t), None),
+                MessageContent::Parts(p) => (None, Some(p)),
             },
             Self::FunctionCallOutput(o) => match &o.output {
-                FunctionOutput::Text(t) => t.trim().len(),
-                FunctionOutput::Parts(p) => parts(p),
+                FunctionOutput::Text(t) => (Some(t), None),
+                FunctionOutput::Parts(p) => (None, Some(p)),
             },
-            _ => 0,
+            _ => (None, None),
+        };
+        match (text, parts_of) {
+            (Some(t), _) => vec![t.trim()],
+            (None, Some(p)) => p.iter().filter_map(InputContent::text).map(str::trim).collect(),
+            (None, None) => Vec::new(),
         }
     }
 

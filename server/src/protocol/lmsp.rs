@@ -9,6 +9,12 @@ use super::output::{CompactionItem, FunctionCallOutputItem, OutputContent, Outpu
 use super::response::{IncompleteDetails, ResponseObject, ResponseStatus, Usage};
 use serde::{Deserialize, Serialize};
 
+/// The protocol version served.
+pub const LMSP_VERSION: &str = "1.0";
+
+/// Capabilities this server declares (checked on every request).
+pub const CAPABILITIES: &[&str] = &["text", "streaming", "tools", "structured_output", "conversations", "tasks"];
+
 /// A problem document (`application/problem+json`), as LMSP errors are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProblemDoc {

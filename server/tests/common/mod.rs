@@ -7,7 +7,7 @@ use axum::serve::ListenerExt;
 use spindle_engine::load::load_model;
 use spindle_engine::runner::ModelRunner;
 use spindle_scheduler::{SchedulerConfig, SchedulerHandle};
-use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
+use spindle_server::app::{self, access::auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
 use spindle_server::store::{ResponseStore, SqliteStore, StoreConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,7 +70,16 @@ pub async fn start_model_with<E: spindle_engine::runner::Executor + 'static>(
     wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
     executor: impl FnOnce(spindle_engine::model::LlamaModel) -> E,
 ) -> Server {
-    start_scheduled(path, name, keys, limits, wrap, SchedulerConfig::default(), executor).await
+    start_scheduled(path, name, keys, limits, wrap, SchedulerConfig::default(), executor, None).await
+}
+
+/// [`start`] whose accepted sockets have a send buffer of `bytes` (the
+/// kernel doubles it): a client that stops reading blocks the server's
+/// writes after a few kB instead of the megabytes loopback buffers take.
+pub async fn start_with_send_buffer(limits: Limits, bytes: usize) -> Server {
+    let path = spindle_testenv::smollm2_gguf();
+    let executor = |model| ModelRunner::new(model, 256, 16);
+    start_scheduled(&path.to_string_lossy(), "smollm2-135m-instruct", vec![], limits, |s| Arc::new(s), SchedulerConfig::default(), executor, Some(bytes)).await
 }
 
 /// [`start`] with the scheduler configured by `config` (e.g. one running
@@ -78,7 +87,7 @@ pub async fn start_model_with<E: spindle_engine::runner::Executor + 'static>(
 pub async fn start_with_scheduler(limits: Limits, config: SchedulerConfig) -> Server {
     let path = spindle_testenv::smollm2_gguf();
     let executor = |model| ModelRunner::new(model, 256, 16);
-    start_scheduled(&path.to_string_lossy(), "smollm2-135m-instruct", vec![], limits, |s| Arc::new(s), config, executor).await
+    start_scheduled(&path.to_string_lossy(), "smollm2-135m-instruct", vec![], limits, |s| Arc::new(s), config, executor, None).await
 }
 
 /// The whole of [`start_model_with`], with a scheduler configuration.
@@ -91,6 +100,7 @@ async fn start_scheduled<E: spindle_engine::runner::Executor + 'static>(
     wrap: fn(SqliteStore) -> Arc<dyn ResponseStore>,
     config: SchedulerConfig,
     executor: impl FnOnce(spindle_engine::model::LlamaModel) -> E,
+    send_buffer: Option<usize>,
 ) -> Server {
     let m = load_model(path, &mut |_, _| {}).expect("model");
     let context_length = m.model.config().context_length;
@@ -100,7 +110,7 @@ async fn start_scheduled<E: spindle_engine::runner::Executor + 'static>(
     let store = SqliteStore::open(dir.path().join("r.sqlite3"), StoreConfig::new(Duration::from_secs(3600), 1000)).expect("store");
     let state = Arc::new(AppState {
         scheduler,
-        sealer: spindle_server::app::seal::Sealer::random(),
+        sealer: spindle_server::app::access::seal::Sealer::random(),
         idempotency: Default::default(),
         tasks: Default::default(),
         model: ModelInfo::new(name.into(), m.tokenizer, m.template, context_length, vocab_size, 0),
@@ -115,11 +125,26 @@ async fn start_scheduled<E: spindle_engine::runner::Executor + 'static>(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = app::app(state.clone());
-    let listener = listener.tap_io(|tcp| {
+    let listener = listener.tap_io(move |tcp| {
         let _ = tcp.set_nodelay(true);
+        if let Some(bytes) = send_buffer {
+            set_send_buffer(tcp, bytes);
+        }
     });
     tokio::spawn(async move { axum::serve(listener, router).await });
     Server { base, state, _dir: dir }
+}
+
+/// Sets `SO_SNDBUF` on an accepted socket (which also stops the kernel
+/// from growing it).
+fn set_send_buffer(tcp: &tokio::net::TcpStream, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let size = libc::c_int::try_from(bytes).expect("a buffer size that fits a C int");
+    // SAFETY: a valid socket descriptor, and a pointer to a c_int with its size.
+    let rc = unsafe {
+        libc::setsockopt(tcp.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, std::ptr::from_ref(&size).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+    };
+    assert_eq!(rc, 0, "setsockopt(SO_SNDBUF): {}", std::io::Error::last_os_error());
 }
 
 /// Waits until the KV pool is empty again; fails after `secs` seconds.
