@@ -2,8 +2,8 @@
 //! target, over what a client controls. Request validation (Open Responses)
 //! and the Chat Completions mapping get random JSON built from their own
 //! field names and mutations of valid bodies; the tool-call parsers get
-//! random splits of text rich in their markers; SSE framing gets random
-//! values. Every case must return (no panic) and keep its invariants. (The
+//! random splits of text rich in their markers; SSE framing gets events
+//! with random text (each must frame as one event and read back equal). Every case must return (no panic) and keep its invariants. (The
 //! GGUF reader's corruption and truncation cases are in the engine's
 //! `gguf_bad_input` tests.)
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -12,9 +12,11 @@ use serde_json::{json, Map, Value};
 use spindle_server::app::routes::chat::request::{chat_to_responses, ChatBody};
 use spindle_server::app::http::extract::from_value;
 use spindle_server::app::http::sse;
+use spindle_server::app::runtime::drive::Outgoing;
 use spindle_server::app::format::tool_parser::ToolCallParser;
 use spindle_server::protocol::mapper::MapperInput;
-use spindle_server::protocol::{validate, RequestLimits};
+use spindle_server::protocol::events::OutputTextDeltaEvent;
+use spindle_server::protocol::{validate, RequestLimits, StreamEvent};
 use spindle_testenv::Rng;
 
 /// Cases per target.
@@ -198,20 +200,27 @@ fn tool_call_parsers_never_panic_and_keep_text_or_calls() {
 }
 
 #[test]
-fn sse_frames_are_one_event_each_whatever_the_value() {
+fn sse_frames_are_one_event_each_whatever_the_text() {
     let mut rng = Rng(0x5EED_0004);
     for i in 0..CASES {
-        let mut v = value(&mut rng, RESPONSE_KEYS, 4);
-        if i % 2 == 0 {
-            v = json!({"type": rng.pick(STRINGS), "data": v});
-        }
-        let frame = sse::frame(&v);
+        let text: String = (0..rng.below(6)).map(|_| *rng.pick(STRINGS)).collect();
+        let event = StreamEvent::OutputTextDelta(OutputTextDeltaEvent {
+            sequence_number: rng.below(1 << 20) as u64,
+            item_id: rng.pick(STRINGS).to_string(),
+            output_index: rng.below(4),
+            content_index: 0,
+            delta: text,
+            logprobs: Vec::new(),
+        });
+        let frame = sse::outgoing(Outgoing::Event(event.clone())).expect("every event frames");
         assert!(frame.ends_with("\n\n"), "case {i}: {frame:?}");
         let body = &frame[..frame.len() - 2];
         let lines: Vec<&str> = body.split('\n').collect();
         assert_eq!(lines.len(), 2, "case {i}: an event split over lines: {frame:?}");
-        assert!(lines[0].starts_with("event: ") && lines[1].starts_with("data: "), "case {i}: {frame:?}");
-        assert_eq!(lines[1]["data: ".len()..], v.to_string(), "case {i}");
+        assert_eq!(lines[0], "event: response.output_text.delta", "case {i}");
+        let data = lines[1].strip_prefix("data: ").expect("a data line");
+        let back: StreamEvent = serde_json::from_str(data).expect("the data reads back");
+        assert_eq!(back, event, "case {i}");
     }
     println!("SSE framing: {CASES} cases, 0 panics");
 }

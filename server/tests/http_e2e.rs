@@ -66,10 +66,10 @@ impl ResponseStore for SlowStore {
     fn input_items(&self, id: &str, after: Option<&str>, limit: usize, order: Order) -> Result<Option<Vec<spindle_server::protocol::InputItem>>, StoreError> {
         self.0.input_items(id, after, limit, order)
     }
-    fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError> {
+    fn append_events(&self, id: &str, events: &[spindle_server::protocol::StreamEvent]) -> Result<(), StoreError> {
         self.0.append_events(id, events)
     }
-    fn events(&self, id: &str, starting_after: Option<u64>) -> Result<Option<Vec<Value>>, StoreError> {
+    fn events(&self, id: &str, starting_after: Option<u64>) -> Result<Option<Vec<spindle_server::protocol::StreamEvent>>, StoreError> {
         self.0.events(id, starting_after)
     }
     fn chain(&self, id: &str) -> Result<Option<Vec<StoredResponse>>, StoreError> {

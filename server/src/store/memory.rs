@@ -8,19 +8,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use serde_json::Value;
 
 use super::{
-    event_seq, fail_for_restart, follow_chain, json_len, record_len, restart_failed_event, ttl_secs,
+    fail_for_restart, follow_chain, json_len, record_len, restart_failed_event, ttl_secs,
     Order, ResponseStore, StoreConfig, StoreError, StoredResponse, STATUS_FAILED,
 };
-use crate::protocol::InputItem;
+use crate::protocol::{InputItem, StreamEvent};
 
 /// One stored response with its events and accounting.
 #[derive(Debug)]
 struct Entry {
     rec: StoredResponse,
-    events: BTreeMap<u64, Value>,
+    events: BTreeMap<u64, StreamEvent>,
     /// Serialized size of the response object plus input items.
     bytes: u64,
     /// Serialized size of the events.
@@ -76,16 +75,15 @@ impl Inner {
         }
     }
 
-    /// Appends events to an entry, keyed by `sequence_number` or one past the last.
-    fn append(&mut self, id: &str, events: &[Value]) -> Result<(), StoreError> {
+    /// Appends events to an entry, keyed by `sequence_number`.
+    fn append(&mut self, id: &str, events: &[StreamEvent]) -> Result<(), StoreError> {
         let entry = self
             .map
             .get_mut(id)
             .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
         let before = entry.event_bytes;
         for event in events {
-            let next = entry.events.keys().next_back().map_or(0, |k| k + 1);
-            let seq = event_seq(event).unwrap_or(next);
+            let seq = event.sequence_number();
             let len = json_len(event);
             if let Some(old) = entry.events.insert(seq, event.clone()) {
                 entry.event_bytes = entry.event_bytes.saturating_sub(json_len(&old));
@@ -213,7 +211,7 @@ impl ResponseStore for MemoryStore {
         Ok(Some(page))
     }
 
-    fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError> {
+    fn append_events(&self, id: &str, events: &[StreamEvent]) -> Result<(), StoreError> {
         self.lock().append(id, events)
     }
 
@@ -221,7 +219,7 @@ impl ResponseStore for MemoryStore {
         &self,
         id: &str,
         starting_after: Option<u64>,
-    ) -> Result<Option<Vec<Value>>, StoreError> {
+    ) -> Result<Option<Vec<StreamEvent>>, StoreError> {
         let inner = self.lock();
         let Some(entry) = inner.map.get(id) else {
             return Ok(None);

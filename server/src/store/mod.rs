@@ -24,7 +24,6 @@ pub mod tasks;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde_json::Value;
 
 use crate::protocol::error::ResponseError;
 use crate::protocol::events::ResponseEvent;
@@ -71,9 +70,8 @@ pub fn fail_for_restart(response: &mut ResponseObject) {
 /// replay (`GET ?stream=true`) ends with a terminal event instead of hanging.
 ///
 /// `sequence_number` is `next_seq` (one past the last stored event).
-pub fn restart_failed_event(response: &ResponseObject, next_seq: u64) -> Value {
-    let event = StreamEvent::Failed(ResponseEvent { sequence_number: next_seq, response: Box::new(response.clone()) });
-    serde_json::to_value(event).unwrap_or(Value::Null)
+pub fn restart_failed_event(response: &ResponseObject, next_seq: u64) -> StreamEvent {
+    StreamEvent::Failed(ResponseEvent { sequence_number: next_seq, response: Box::new(response.clone()) })
 }
 
 /// One stored response: the full response object plus what the endpoints need to find it.
@@ -230,7 +228,7 @@ pub trait ResponseStore: TaskStore + Send + Sync {
     /// them one after the other, for backends without transactions.
     fn put_with_events(&self, rec: &StoredResponse, events: &[StreamEvent]) -> Result<(), StoreError> {
         self.put(rec)?;
-        self.append_events(&rec.id, &event_values(events))
+        self.append_events(&rec.id, events)
     }
 
     /// The stored response with this id, or `None`.
@@ -257,10 +255,10 @@ pub trait ResponseStore: TaskStore + Send + Sync {
         order: Order,
     ) -> Result<Option<Vec<InputItem>>, StoreError>;
 
-    /// Appends stream events to a stored response (for later replay). Each event is keyed by its
-    /// `sequence_number` when it has one (a repeated number replaces the earlier event), else by
-    /// one past the last stored event. `Err(NotFound)` if the response is not stored.
-    fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError>;
+    /// Appends stream events to a stored response (for later replay), each keyed by its
+    /// `sequence_number` (a repeated number replaces the earlier event). `Err(NotFound)` if the
+    /// response is not stored.
+    fn append_events(&self, id: &str, events: &[StreamEvent]) -> Result<(), StoreError>;
 
     /// Stored events in sequence order, only those with `sequence_number > starting_after` when
     /// given. `None` if the response is not stored.
@@ -268,7 +266,7 @@ pub trait ResponseStore: TaskStore + Send + Sync {
         &self,
         id: &str,
         starting_after: Option<u64>,
-    ) -> Result<Option<Vec<Value>>, StoreError>;
+    ) -> Result<Option<Vec<StreamEvent>>, StoreError>;
 
     /// The conversation ending at `id`: follows `previous_response_id` back to the root and
     /// returns the responses oldest first (`id` last).
@@ -321,16 +319,6 @@ pub(crate) fn follow_chain(
     }
     out.reverse();
     Ok(Some(out))
-}
-
-/// Stream events as the store keeps them (JSON).
-pub(crate) fn event_values(events: &[StreamEvent]) -> Vec<Value> {
-    events.iter().filter_map(|e| serde_json::to_value(e).ok()).collect()
-}
-
-/// The event's `sequence_number`, if it has a non-negative integer one.
-pub(crate) fn event_seq(event: &Value) -> Option<u64> {
-    event.get("sequence_number").and_then(Value::as_u64)
 }
 
 /// Serialized size of a value (what the byte cap counts).

@@ -1,7 +1,7 @@
 //! A tenant's view of a store: what another tenant created reads exactly as
 //! an id that was never stored, so no route can tell the two apart.
 
-use serde_json::Value;
+use crate::protocol::StreamEvent;
 
 use super::{Order, ResponseStore, StoreError, StoredResponse, TaskEvent, TaskRecord};
 
@@ -45,7 +45,7 @@ impl<'a> Owned<'a> {
     }
 
     /// The response's stored events ([`ResponseStore::events`]).
-    pub fn events(&self, id: &str, starting_after: Option<u64>) -> Result<Option<Vec<Value>>, StoreError> {
+    pub fn events(&self, id: &str, starting_after: Option<u64>) -> Result<Option<Vec<StreamEvent>>, StoreError> {
         if !self.tenant_owns(id)? {
             return Ok(None);
         }

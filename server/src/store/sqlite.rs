@@ -29,7 +29,7 @@ use crate::protocol::items::parse_item;
 use crate::protocol::{InputItem, ResponseObject, StreamEvent};
 
 use super::{
-    event_seq, fail_for_restart, follow_chain, restart_failed_event, ttl_secs, Order,
+    fail_for_restart, follow_chain, restart_failed_event, ttl_secs, Order,
     ResponseStore, StoreConfig, StoreError, StoredResponse, STATUS_FAILED,
 };
 
@@ -370,10 +370,7 @@ fn evict(
 }
 
 /// Appends `events` to `id` inside `tx`; returns the bytes added (net of replaced events).
-fn insert_events(tx: &Transaction<'_>, id: &str, events: &[Value]) -> Result<i64, StoreError> {
-    let mut next: i64 = tx
-        .prepare_cached("SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE response_id = ?1")?
-        .query_row([id], |r| r.get(0))?;
+fn insert_events(tx: &Transaction<'_>, id: &str, events: &[StreamEvent]) -> Result<i64, StoreError> {
     let mut old_len = tx.prepare_cached(
         "SELECT length(CAST(event AS BLOB)) FROM events WHERE response_id = ?1 AND seq = ?2",
     )?;
@@ -382,14 +379,13 @@ fn insert_events(tx: &Transaction<'_>, id: &str, events: &[Value]) -> Result<i64
     )?;
     let mut added: i64 = 0;
     for event in events {
-        let seq = event_seq(event).map_or(next, to_i64);
+        let seq = to_i64(event.sequence_number());
         let text = serde_json::to_string(event)?;
         let replaced: Option<i64> = old_len
             .query_row(params![id, seq], |r| r.get(0))
             .optional()?;
         insert.execute(params![id, seq, text])?;
         added += i64::try_from(text.len()).unwrap_or(i64::MAX) - replaced.unwrap_or(0);
-        next = next.max(seq.saturating_add(1));
     }
     tx.prepare_cached("UPDATE responses SET event_bytes = event_bytes + ?2 WHERE id = ?1")?
         .execute(params![id, added])?;
@@ -442,7 +438,6 @@ impl ResponseStore for SqliteStore {
     }
 
     fn put_with_events(&self, rec: &StoredResponse, events: &[StreamEvent]) -> Result<(), StoreError> {
-        let events = super::event_values(events);
         let response = serde_json::to_string(&rec.response)?;
         let items = rec
             .input_items
@@ -498,7 +493,7 @@ impl ResponseStore for SqliteStore {
             }
         }
         if !events.is_empty() {
-            let added = insert_events(&tx, &rec.id, &events)?;
+            let added = insert_events(&tx, &rec.id, events)?;
             after.bytes = to_u64(to_i64(after.bytes).saturating_add(added));
         }
         let after = evict(&tx, &rec.id, after, &self.config)?;
@@ -567,7 +562,7 @@ impl ResponseStore for SqliteStore {
         Ok(Some(parse_items(&texts)?))
     }
 
-    fn append_events(&self, id: &str, events: &[Value]) -> Result<(), StoreError> {
+    fn append_events(&self, id: &str, events: &[StreamEvent]) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let Inner { conn, totals } = &mut *inner;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -584,7 +579,7 @@ impl ResponseStore for SqliteStore {
         &self,
         id: &str,
         starting_after: Option<u64>,
-    ) -> Result<Option<Vec<Value>>, StoreError> {
+    ) -> Result<Option<Vec<StreamEvent>>, StoreError> {
         let inner = self.lock();
         let conn = &inner.conn;
         if !exists(conn, id)? {
@@ -600,7 +595,7 @@ impl ResponseStore for SqliteStore {
         let events = texts
             .iter()
             .map(|t| serde_json::from_str(t))
-            .collect::<Result<Vec<Value>, _>>()?;
+            .collect::<Result<Vec<StreamEvent>, _>>()?;
         Ok(Some(events))
     }
 

@@ -5,9 +5,10 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use spindle_server::protocol::request::{validate, RequestLimits};
-use spindle_server::protocol::{InputItem, ResponseObject, ResponseStatus};
+use spindle_server::protocol::events::OutputTextDeltaEvent;
+use spindle_server::protocol::{InputItem, ResponseObject, ResponseStatus, StreamEvent};
 use spindle_server::store::{
     Order, ResponseStore, StoreConfig, StoreError, StoredResponse, MAX_CHAIN_DEPTH,
 };
@@ -64,8 +65,17 @@ pub fn user_item(id: &str, text: &str) -> InputItem {
     .unwrap()
 }
 
-pub fn event(seq: u64, ty: &str) -> Value {
-    json!({"type": ty, "sequence_number": seq})
+/// A stream event at `seq` whose text is `text` (what the store keeps is
+/// typed; its kind does not matter to it).
+pub fn event(seq: u64, text: &str) -> StreamEvent {
+    StreamEvent::OutputTextDelta(OutputTextDeltaEvent {
+        sequence_number: seq,
+        item_id: "msg_1".into(),
+        output_index: 0,
+        content_index: 0,
+        delta: text.into(),
+        logprobs: Vec::new(),
+    })
 }
 
 fn ids(items: &[InputItem]) -> Vec<String> {
@@ -75,10 +85,10 @@ fn ids(items: &[InputItem]) -> Vec<String> {
         .collect()
 }
 
-fn seqs(events: &[Value]) -> Vec<u64> {
+fn seqs(events: &[StreamEvent]) -> Vec<u64> {
     events
         .iter()
-        .map(|e| e["sequence_number"].as_u64().unwrap())
+        .map(StreamEvent::sequence_number)
         .collect()
 }
 
@@ -161,13 +171,12 @@ pub fn events_replay(s: &dyn ResponseStore) {
     .unwrap();
     s.append_events("resp_e", &[event(2, "response.output_text.delta")])
         .unwrap();
-    // an event without sequence_number goes after the last one
-    s.append_events("resp_e", &[json!({"type": "response.output_text.delta"})])
+    s.append_events("resp_e", &[event(3, "response.output_text.delta")])
         .unwrap();
     let all = s.events("resp_e", None).unwrap().unwrap();
     assert_eq!(all.len(), 4);
-    assert_eq!(seqs(&all[..3]), [0, 1, 2]);
-    assert_eq!(all[3], json!({"type": "response.output_text.delta"}));
+    assert_eq!(seqs(&all), [0, 1, 2, 3]);
+    assert_eq!(all[3], event(3, "response.output_text.delta"));
     let tail = s.events("resp_e", Some(1)).unwrap().unwrap();
     assert_eq!(tail.len(), 2);
     assert_eq!(tail[0], event(2, "response.output_text.delta"));
@@ -347,7 +356,7 @@ pub fn size_cap_bytes(s: &dyn ResponseStore) {
     s.put(&fat("resp_2", 2, "completed")).unwrap();
     assert_eq!(s.len().unwrap(), 3);
     // events count too: with them the same re-put is over the cap
-    let pad = json!({"type": "x", "sequence_number": 0, "pad": "y".repeat(300)});
+    let pad = event(0, &"y".repeat(300));
     s.append_events("resp_3", &[pad]).unwrap();
     s.put(&fat("resp_2", 2, "completed")).unwrap();
     assert_eq!(
@@ -388,9 +397,9 @@ pub fn mark_unfinished(s: &dyn ResponseStore) {
     }
     let events = s.events("resp_bg", None).unwrap().unwrap();
     assert_eq!(events.len(), 3);
-    assert_eq!(events[2]["type"], "response.failed");
-    assert_eq!(events[2]["sequence_number"], 2);
-    assert_eq!(events[2]["response"]["status"], "failed");
+    let StreamEvent::Failed(failed) = &events[2] else { panic!("a response.failed event last: {:?}", events[2]) };
+    assert_eq!(failed.sequence_number, 2);
+    assert_eq!(failed.response.status, ResponseStatus::Failed);
     assert_eq!(
         s.events("resp_q", None).unwrap(),
         Some(vec![]),

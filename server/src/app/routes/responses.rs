@@ -4,7 +4,7 @@ use crate::app::access::auth::Tenant;
 use crate::app::http::extract::{JsonBody, QueryParams};
 use crate::app::http::sse;
 use crate::app::runtime::control::Stopped;
-use crate::app::runtime::drive::{drive, Sink, STREAM_BUFFER};
+use crate::app::runtime::drive::{drive, Outgoing, Sink, STREAM_BUFFER};
 use crate::app::runtime::start::{start_turn, StartedTurn};
 use crate::app::runtime::state::AppState;
 use crate::app::runtime::stored::with_owned;
@@ -65,7 +65,7 @@ pub async fn retrieve(
         return Ok(Json(record.response).into_response());
     }
     let events = with_owned(&state, &tenant, move |s| s.events(&id, q.starting_after)).await?.unwrap_or_default();
-    let mut body: String = events.iter().map(sse::frame).collect();
+    let mut body: String = events.into_iter().filter_map(|e| sse::outgoing(Outgoing::Event(e))).collect();
     body.push_str(sse::DONE);
     Ok(sse::response(Body::from(body)))
 }
