@@ -1,5 +1,5 @@
 //! Request bodies arrive in time: a body must be read completely within
-//! [`crate::app::Limits::body_read_timeout`] (408 otherwise) and within the size
+//! [`crate::app::runtime::state::Limits::body_read_timeout`] (408 otherwise) and within the size
 //! limit (413), before the handler sees it, so a client trickling a body
 //! byte by byte cannot hold a connection and a handler. Runs after
 //! authentication: bodies of refused requests are never read.

@@ -131,10 +131,14 @@ pub async fn drive(
         if terminal {
             break;
         }
-        if item_done && persist.background && persist.store {
+        // Never after a cancel or DELETE (a DELETE that gave up waiting
+        // may have removed the row already).
+        let stopped = persist.control.as_ref().is_some_and(|c| c.stopped().is_some());
+        if item_done && persist.background && persist.store && !stopped {
             let new = events.as_deref().map_or(&[][..], |all| &all[events_saved..]);
-            save(&state, mapper.response_ref(), &persist, new).await;
-            events_saved += new.len();
+            if save(&state, mapper.response_ref(), &persist, new).await {
+                events_saved += new.len();
+            }
         }
     }
     drop(stream);
@@ -402,16 +406,22 @@ fn record_tokens(state: &AppState, response: &ResponseObject, mut prompt: Vec<u3
 }
 
 /// Stores the response as it stands with `events` (those not stored yet),
-/// in one write.
-async fn save(state: &Arc<AppState>, response: &ResponseObject, persist: &Persist, events: &[StreamEvent]) {
+/// in one write; `false` when that failed (logged).
+async fn save(state: &Arc<AppState>, response: &ResponseObject, persist: &Persist, events: &[StreamEvent]) -> bool {
     let record = stored_record(response, persist);
     let events = events.to_vec();
     let store = state.store.clone();
     let result = tokio::task::spawn_blocking(move || store.put_with_events(&record, &events)).await;
     match result {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!("storing a response failed: {e}"),
-        Err(e) => tracing::error!("storing a response panicked: {e}"),
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::error!("storing a response failed: {e}");
+            false
+        }
+        Err(e) => {
+            tracing::error!("storing a response panicked: {e}");
+            false
+        }
     }
 }
 

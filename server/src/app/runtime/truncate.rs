@@ -18,8 +18,8 @@ use crate::protocol::error::ApiError;
 /// ids when they fit, else the prompt's length.
 pub type Rendered = Result<Vec<u32>, usize>;
 
-/// The prompt without the fewest oldest items that makes it fit under
-/// `limit` tokens. `full_len` is the length of the whole prompt (known not
+/// How many of the oldest items to drop, fewest first, for the prompt to fit
+/// under `limit` tokens, and that prompt. `full_len` is the length of the whole prompt (known not
 /// to fit); `lower_bounds[i]` bounds from below what item `i` adds;
 /// `render(k)` renders without the first `k` items. A 400
 /// `context_length_exceeded` when even dropping every item is not enough.
@@ -28,7 +28,7 @@ pub fn drop_oldest_until_fits(
     full_len: usize,
     limit: usize,
     mut render: impl FnMut(usize) -> Result<Rendered, ApiError>,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<(usize, Vec<u32>), ApiError> {
     let n = lower_bounds.len();
     let room_for = |len: usize| limit.saturating_sub(1).saturating_sub(len);
     // The most items known too few to drop, and that prompt's length.
@@ -39,19 +39,24 @@ pub fn drop_oldest_until_fits(
     let mut bisect = false;
     loop {
         let probe = match &enough {
-            Some((e, _)) if *e == too_few + 1 => break,
             Some((e, prompt)) => {
                 let room = room_for(prompt.len());
-                if lower_bounds[*e - 1] > room {
-                    break; // not even the newest dropped item can come back
+                // Done when no item lies between, or not even the newest
+                // dropped item can come back.
+                if *e == too_few + 1 || lower_bounds[*e - 1] > room {
+                    None
+                } else if bisect {
+                    Some(too_few + (e - too_few) / 2)
+                } else {
+                    let measured = Measured { shed: too_few_len.saturating_sub(prompt.len()), items: e - too_few };
+                    Some(put_back_estimate(lower_bounds, too_few, *e, room, measured))
                 }
-                let measured = Measured { shed: too_few_len.saturating_sub(prompt.len()), items: e - too_few };
-                if bisect { too_few + (e - too_few) / 2 } else { put_back_estimate(lower_bounds, too_few, *e, room, measured) }
             }
             None if too_few == n => return Err(ApiError::context_length_exceeded(too_few_len, limit)),
-            None if bisect => too_few + (n - too_few).div_ceil(2),
-            None => drop_estimate(lower_bounds, too_few, too_few_len.saturating_sub(limit.saturating_sub(1))),
+            None if bisect => Some(too_few + (n - too_few).div_ceil(2)),
+            None => Some(drop_estimate(lower_bounds, too_few, too_few_len.saturating_sub(limit.saturating_sub(1)))),
         };
+        let Some(probe) = probe else { break };
         let before = enough.as_ref().map_or(n + 1, |(e, _)| *e) - too_few;
         match render(probe)? {
             Ok(prompt) => enough = Some((probe, prompt)),
@@ -60,7 +65,8 @@ pub fn drop_oldest_until_fits(
         let after = enough.as_ref().map_or(n + 1, |(e, _)| *e) - too_few;
         bisect = !bisect && after * 2 > before;
     }
-    Ok(enough.map(|(_, prompt)| prompt).unwrap_or_default())
+    // The loop ends only with a fitting prompt in hand.
+    enough.ok_or_else(|| ApiError::internal("truncation ended without a prompt that fits"))
 }
 
 /// Drops items from `from` on until their bounds cover `excess` tokens (at
@@ -135,7 +141,9 @@ mod tests {
         fn run(&mut self, bounds: &[usize]) -> Result<Vec<u32>, ApiError> {
             let full = self.len_without(0);
             let limit = self.limit;
-            drop_oldest_until_fits(bounds, full, limit, |k| self.render(k))
+            let (dropped, prompt) = drop_oldest_until_fits(bounds, full, limit, |k| self.render(k))?;
+            assert_eq!(prompt.len(), self.len_without(dropped), "the prompt is the one without {dropped} items");
+            Ok(prompt)
         }
     }
 

@@ -64,14 +64,16 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<InputItem>, te
     check_size_before_rendering(state, req, &history, limit)?;
     let parsed = open_compactions(state, &history, "previous_response_id", tenant)?;
     let input = open_compactions(state, &req.input, "input", tenant)?;
-    let fitting = |skip: usize| -> Result<Result<Vec<u32>, usize>, ApiError> {
-        let items: Vec<InputItem> = parsed[skip..].iter().chain(input.iter()).cloned().collect();
-        let mut prompt = render(state, req, &items, true)?;
-        if prompt.len() >= limit {
-            // The earlier turns' sampled ids can outnumber a re-tokenization.
-            prompt = render(state, req, &items, false)?;
+    let without = |skip: usize| -> Vec<InputItem> { parsed[skip..].iter().chain(input.iter()).cloned().collect() };
+    let fits = |prompt: Vec<u32>| if prompt.len() < limit { Ok(prompt) } else { Err(prompt.len()) };
+    let fitting = |skip: usize| -> Result<truncate::Rendered, ApiError> {
+        let items = without(skip);
+        let prompt = render(state, req, &items, true)?;
+        if prompt.len() < limit {
+            return Ok(Ok(prompt));
         }
-        Ok(if prompt.len() < limit { Ok(prompt) } else { Err(prompt.len()) })
+        // The earlier turns' sampled ids can outnumber a re-tokenization.
+        Ok(fits(render(state, req, &items, false)?))
     };
     let too_long = match fitting(0)? {
         Ok(prompt) => return Ok(PreparedTurn { prompt, history }),
@@ -82,8 +84,12 @@ pub fn prepare(state: &AppState, req: &ValidRequest, history: Vec<InputItem>, te
     }
     // `truncation: auto` keeps the longest suffix of the history that fits,
     // steered by what each item adds at least (its text, tokenized once).
+    // The search compares re-tokenized prompts (lengths that agree with the
+    // bounds); the prompt kept is then the exact one when it fits too.
     let bounds: Vec<usize> = parsed.iter().map(|item| tokens_at_least(state, item)).collect();
-    let prompt = truncate::drop_oldest_until_fits(&bounds, too_long, limit, fitting)?;
+    let (dropped, plain) = truncate::drop_oldest_until_fits(&bounds, too_long, limit, |skip| Ok(fits(render(state, req, &without(skip), false)?)))?;
+    let exact = render(state, req, &without(dropped), true)?;
+    let prompt = if exact.len() < limit { exact } else { plain };
     Ok(PreparedTurn { prompt, history })
 }
 
