@@ -16,6 +16,7 @@ pub mod load;
 pub mod model;
 pub mod models;
 pub mod open;
+pub mod perplexity;
 pub mod quant;
 pub mod runner;
 pub mod sampling;

@@ -1,4 +1,4 @@
-//! The `spindle` command line: `serve`, `generate`, `models`.
+//! The `spindle` command line: `serve`, `generate`, `perplexity`, `models`.
 
 mod cli;
 
@@ -37,6 +37,8 @@ enum Command {
     Serve(Box<cli::serve::ServeArgs>),
     /// Generate text from a prompt, streamed to stdout.
     Generate(cli::generate::GenerateArgs),
+    /// The model's perplexity over a text file (llama-perplexity's scoring).
+    Perplexity(cli::perplexity::PerplexityArgs),
     /// List the models in the model cache.
     Models,
 }
@@ -54,6 +56,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => cli::serve::run(*args),
         Command::Generate(args) => cli::generate::run(args),
+        Command::Perplexity(args) => cli::perplexity::run(args),
         Command::Models => cli::models::run(),
     };
     match result {

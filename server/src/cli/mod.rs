@@ -4,6 +4,7 @@ pub mod config;
 pub mod engine;
 pub mod generate;
 pub mod models;
+pub mod perplexity;
 pub mod serve;
 pub mod served;
 
