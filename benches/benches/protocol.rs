@@ -16,7 +16,7 @@ use spindle_engine::EngineError;
 use spindle_scheduler::output::StopConditions;
 use spindle_engine::runner::{Executor, KvGeometry};
 use spindle_scheduler::{GenerationEvent, GenerationRequest, SchedulerConfig, SchedulerHandle};
-use spindle_server::app::{self, auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
+use spindle_server::app::{self, access::auth::ApiKeys, metrics::HttpMetrics, AppState, Limits, ModelInfo};
 use spindle_server::protocol::{validate, MapperInput, RequestLimits, ResponseMapper};
 use spindle_server::store::MemoryStore;
 use axum::serve::ListenerExt;
@@ -109,7 +109,7 @@ fn bench_overhead(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let state = Arc::new(AppState {
         scheduler: scheduler(&tok),
-        sealer: spindle_server::app::seal::Sealer::random(),
+        sealer: spindle_server::app::access::seal::Sealer::random(),
         idempotency: Default::default(),
         tasks: Default::default(),
         model: ModelInfo::new("m".into(), tok.clone(), ChatTemplate::chatml_default(), 1 << 16, tok.vocab_size(), 0),

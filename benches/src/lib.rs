@@ -43,7 +43,7 @@ pub fn request_constraint(
     compiler: &spindle_engine::grammar::GrammarCompiler,
     fields: &serde_json::Value,
 ) -> Option<spindle_engine::grammar::SharedConstraint> {
-    use spindle_server::app::constrain::{constraint_for, CallFormat};
+    use spindle_server::app::format::constrain::{constraint_for, CallFormat};
     let mut body = serde_json::json!({"input": "x"});
     for (k, v) in fields.as_object().into_iter().flatten() {
         body[k] = v.clone();
