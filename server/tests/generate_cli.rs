@@ -18,26 +18,10 @@ const PROMPT: &str = "List three colours.";
 fn generate(model: &str, extra: &[&str]) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_spindle"));
     cmd.args(["generate", "--model", model, "--device", "cpu", "--prompt", PROMPT, "--temperature", "0", "--max-tokens", "40"]).args(extra);
-    let out = run_with_deadline(cmd, Duration::from_secs(120));
+    let out = common::run_with_deadline(cmd, Duration::from_secs(120));
     assert!(out.status.success(), "generate failed: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     text.strip_suffix('\n').unwrap_or(&text).to_string()
-}
-
-fn run_with_deadline(mut cmd: Command, limit: Duration) -> std::process::Output {
-    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn spindle");
-    let id = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("wait"),
-        Err(_) => {
-            let _ = Command::new("kill").arg(id.to_string()).status();
-            panic!("spindle generate ran past {limit:?}");
-        }
-    }
 }
 
 fn schema() -> Value {

@@ -9,32 +9,18 @@
 use std::process::Command;
 use std::time::Duration;
 
+mod common;
+
 /// The perplexity `spindle perplexity` reports with `--precision precision`.
 fn perplexity(model: &str, precision: &str) -> f64 {
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/public-domain-english.txt");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_spindle"));
     cmd.args(["perplexity", "--model", model, "--device", "cpu", "--precision", precision, "--file", text, "--ctx", "256"]);
-    let out = run_with_deadline(cmd, Duration::from_secs(300));
+    let out = common::run_with_deadline(cmd, Duration::from_secs(300));
     assert!(out.status.success(), "perplexity failed: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let value = stdout.strip_prefix("perplexity: ").and_then(|rest| rest.split_whitespace().next()).unwrap_or_else(|| panic!("no perplexity in {stdout:?}"));
     value.parse().unwrap_or_else(|e| panic!("{value:?}: {e}"))
-}
-
-fn run_with_deadline(mut cmd: Command, limit: Duration) -> std::process::Output {
-    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn spindle");
-    let id = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("wait"),
-        Err(_) => {
-            let _ = Command::new("kill").arg(id.to_string()).status();
-            panic!("spindle perplexity ran past {limit:?}");
-        }
-    }
 }
 
 #[test]

@@ -159,3 +159,20 @@ pub async fn assert_blocks_freed(s: &Server, secs: u64, what: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Runs a `spindle` command, killing it and failing the test past `limit`.
+pub fn run_with_deadline(mut cmd: std::process::Command, limit: Duration) -> std::process::Output {
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn spindle");
+    let id = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            let _ = std::process::Command::new("kill").arg(id.to_string()).status();
+            panic!("spindle ran past {limit:?}");
+        }
+    }
+}

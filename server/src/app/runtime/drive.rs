@@ -135,9 +135,10 @@ pub async fn drive(
         // may have removed the row already).
         let stopped = persist.control.as_ref().is_some_and(|c| c.stopped().is_some());
         if item_done && persist.background && persist.store && !stopped {
-            let new = events.as_deref().map_or(&[][..], |all| &all[events_saved..]);
+            let new = events.as_deref().map_or(Vec::new(), |all| all[events_saved..].to_vec());
+            let count = new.len();
             if save(&state, mapper.response_ref(), &persist, new).await {
-                events_saved += new.len();
+                events_saved += count;
             }
         }
     }
@@ -149,8 +150,9 @@ pub async fn drive(
     let control = persist.control.take();
     let deleted = control.as_ref().is_some_and(|c| c.stopped() == Some(crate::app::runtime::control::Stopped::Deleted));
     if persist.store && !deleted {
-        let events = events.unwrap_or_default();
-        save(&state, &response, &persist, &events[events_saved.min(events.len())..]).await;
+        let mut events = events.unwrap_or_default();
+        let unsaved = events.split_off(events_saved.min(events.len()));
+        save(&state, &response, &persist, unsaved).await;
     }
     if let Some(control) = control {
         control.finish();
@@ -407,9 +409,8 @@ fn record_tokens(state: &AppState, response: &ResponseObject, mut prompt: Vec<u3
 
 /// Stores the response as it stands with `events` (those not stored yet),
 /// in one write; `false` when that failed (logged).
-async fn save(state: &Arc<AppState>, response: &ResponseObject, persist: &Persist, events: &[StreamEvent]) -> bool {
+async fn save(state: &Arc<AppState>, response: &ResponseObject, persist: &Persist, events: Vec<StreamEvent>) -> bool {
     let record = stored_record(response, persist);
-    let events = events.to_vec();
     let store = state.store.clone();
     let result = tokio::task::spawn_blocking(move || store.put_with_events(&record, &events)).await;
     match result {
