@@ -142,10 +142,10 @@ fn bench_kquant_decode(c: &mut Criterion) {
 
 /// Prefill: 64 tokens (4 groups of 16) through Qwen2.5-1.5B-shaped layers.
 fn bench_kquant_prefill(c: &mut Criterion) {
-    let mut group = c.benchmark_group("kquant_gemm_64tok");
+    let mut group = c.benchmark_group("kquant_gemm");
     group.sample_size(10);
-    let tokens = 64;
-    for (dtype, rows, cols) in [(GgmlType::Q4K, 1536usize, 1536usize), (GgmlType::Q4K, 8960, 1536), (GgmlType::Q6K, 1536, 8960)] {
+    let shapes = [(GgmlType::Q4K, 1536usize, 1536usize), (GgmlType::Q4K, 8960, 1536), (GgmlType::Q6K, 1536, 8960)];
+    for (tokens, (dtype, rows, cols)) in [64usize, 512].into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
         let Some(k) = kgemm_kernels(dtype) else {
             eprintln!("no grouped K-quant kernel (AVX-512 VNNI) on this CPU");
             return;
@@ -156,7 +156,7 @@ fn bench_kquant_prefill(c: &mut Criterion) {
         let groups = interleave_k(&quantize_k(tokens, cols), tokens, nb);
         let mut out = vec![[[0f32; GROUP]; 4]; tokens / GROUP];
         group.throughput(Throughput::Elements((rows * cols * tokens) as u64));
-        group.bench_function(format!("{dtype:?}/{rows}x{cols}"), |b| {
+        group.bench_function(format!("{dtype:?}/{rows}x{cols}/{tokens}tok"), |b| {
             b.iter(|| {
                 for four in weights.chunks_exact(4 * row_bytes) {
                     let (a, rest) = four.split_at(row_bytes);

@@ -65,6 +65,40 @@ pub fn weighted_sum(out: &mut [f32], weights: &[f32], data: &[f32], starts: &[us
     }
 }
 
+/// [`weighted_sum`] for several weight vectors over the same rows:
+/// `out[h * n + j] = Σ_i weights[h * stride + i] · data[starts[i] + j]` for
+/// each of the `out.len() / n` heads. Each row is read once for all heads;
+/// every output equals [`weighted_sum`]'s for that head bit for bit (the same
+/// fused multiply-adds in the same order).
+pub fn weighted_sum_heads(out: &mut [f32], n: usize, weights: &[f32], stride: usize, data: &[f32], starts: &[usize]) {
+    let heads = out.len().checked_div(n).unwrap_or(0);
+    let rows = starts.len().min(stride);
+    assert!(heads == 0 || weights.len() >= (heads - 1) * stride + rows, "weighted_sum_heads: too few weights");
+    assert!(starts[..rows].iter().all(|&s| s + n <= data.len()), "weighted_sum_heads: a row runs past the data");
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() && n.is_multiple_of(16) {
+        let mut h = 0;
+        while h < heads {
+            let take = if heads - h >= 4 { 4 } else if heads - h >= 2 { 2 } else { 1 };
+            let (o, w) = (out[h * n..].as_mut_ptr(), &weights[h * stride..]);
+            // SAFETY: AVX2/FMA detected; `take` heads of n outputs and of `rows` weights
+            // (stride apart) exist (checked above); every row is in `data` (checked).
+            unsafe {
+                match take {
+                    4 => avx_rows::weighted_sum_heads::<4>(o, n, w, stride, data.as_ptr(), &starts[..rows]),
+                    2 => avx_rows::weighted_sum_heads::<2>(o, n, w, stride, data.as_ptr(), &starts[..rows]),
+                    _ => avx_rows::weighted_sum_heads::<1>(o, n, w, stride, data.as_ptr(), &starts[..rows]),
+                }
+            }
+            h += take;
+        }
+        return;
+    }
+    for (h, o) in out.chunks_exact_mut(n.max(1)).take(heads).enumerate() {
+        weighted_sum(o, &weights[h * stride..h * stride + rows], data, &starts[..rows]);
+    }
+}
+
 /// `e^x` in f32 without a libm call, so loops over it vectorize: Cody-Waite
 /// range reduction and the Cephes `expf` polynomial (relative error about
 /// 2e-7). Returns exactly `0` below -87 (so `-inf` gives `0`) and exactly `1`
@@ -203,11 +237,56 @@ mod avx_rows {
             }
         }
     }
+
+    /// See [`super::weighted_sum_heads`]: `H` heads × 16 columns in registers;
+    /// each row's 16 values are loaded once for all `H` heads.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted_sum_heads<const H: usize>(out: *mut f32, n: usize, weights: &[f32], stride: usize, data: *const f32, starts: &[usize]) {
+        // SAFETY (whole body): out has H * n elements; weights has (H - 1) * stride + starts.len();
+        // each row starts[i]..starts[i] + n is readable; n is a multiple of 16.
+        unsafe {
+            for col in (0..n).step_by(16) {
+                let mut acc = [[_mm256_setzero_ps(); 2]; H];
+                for (i, &start) in starts.iter().enumerate() {
+                    let row = data.add(start + col);
+                    let v = [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))];
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        let w = _mm256_set1_ps(*weights.get_unchecked(h * stride + i));
+                        a[0] = _mm256_fmadd_ps(w, v[0], a[0]);
+                        a[1] = _mm256_fmadd_ps(w, v[1], a[1]);
+                    }
+                }
+                for (h, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(out.add(h * n + col), a[0]);
+                    _mm256_storeu_ps(out.add(h * n + col + 8), a[1]);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weighted_sum_heads_equals_weighted_sum_per_head() {
+        for (n, heads) in [(16usize, 1usize), (32, 6), (128, 7), (64, 3), (40, 2)] {
+            let rows = 11;
+            let data: Vec<f32> = (0..n * 13).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let starts: Vec<usize> = (0..rows).map(|i| (i * 7 % 13) * n).collect();
+            let stride = rows + 2;
+            let weights: Vec<f32> = (0..heads * stride).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
+            let mut all = vec![0f32; heads * n];
+            weighted_sum_heads(&mut all, n, &weights, stride, &data, &starts);
+            for h in 0..heads {
+                let mut one = vec![0f32; n];
+                weighted_sum(&mut one, &weights[h * stride..h * stride + rows], &data, &starts);
+                let got: Vec<u32> = all[h * n..(h + 1) * n].iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n {n}, head {h} of {heads}");
+            }
+        }
+    }
 
     #[test]
     fn weighted_sum_is_the_same_on_both_paths() {

@@ -167,7 +167,7 @@ impl Linear {
         precision == MatmulPrecision::Fast && matches!(&self.data, WeightData::Blocks { kquant: Some(_), .. })
     }
 
-    /// Compute output rows `rows` for all `n` tokens, writing through `write(r, t, v)`.
+    /// Compute output rows `rows` for all `n` tokens, writing through `write.put(r, t, v)`.
     fn compute_rows(
         &self,
         rows: std::ops::Range<usize>,
@@ -175,7 +175,7 @@ impl Linear {
         xq: &QuantizedInput,
         n: usize,
         precision: MatmulPrecision,
-        write: &dyn Fn(usize, usize, f32),
+        write: &Sink,
     ) -> Result<()> {
         let cols = self.cols;
         match &self.data {
@@ -191,7 +191,7 @@ impl Linear {
                             let out = rows4([row(r), row(r + 1), row(r + 2), row(r + 3)], xg);
                             for (i, lanes) in out.iter().enumerate() {
                                 for (lane, v) in lanes.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
-                                    write(r + i, g * GROUP + lane, *v);
+                                    write.put(r + i, g * GROUP + lane, *v);
                                 }
                             }
                         }
@@ -202,7 +202,7 @@ impl Linear {
                     for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
                         let out = (gemm.one)(row(r), xg);
                         for (lane, v) in out.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
-                            write(r, g * GROUP + lane, *v);
+                            write.put(r, g * GROUP + lane, *v);
                         }
                     }
                 }
@@ -215,7 +215,7 @@ impl Linear {
                 let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
                 let emit = |r: usize, g: usize, lanes: &[f32; GROUP]| {
                     for (lane, v) in lanes.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
-                        write(r, g * GROUP + lane, *v);
+                        write.put(r, g * GROUP + lane, *v);
                     }
                 };
                 let mut r = rows.start;
@@ -247,7 +247,7 @@ impl Linear {
                 for r in rows {
                     let wr = &w[r * cols..(r + 1) * cols];
                     for t in 0..n {
-                        write(r, t, simd::dot(wr, &x[t * cols..(t + 1) * cols]));
+                        write.put(r, t, simd::dot(wr, &x[t * cols..(t + 1) * cols]));
                     }
                 }
             }
@@ -260,7 +260,7 @@ impl Linear {
                 for r in rows {
                     dequantize(*dtype, &bytes[r * row_bytes..(r + 1) * row_bytes], &mut row)?;
                     for t in 0..n {
-                        write(r, t, simd::dot(&row, &x[t * cols..(t + 1) * cols]));
+                        write.put(r, t, simd::dot(&row, &x[t * cols..(t + 1) * cols]));
                     }
                 }
             }
@@ -289,7 +289,7 @@ fn token_rows<X>(
     x: &[X],
     nb: usize,
     n: usize,
-    write: &dyn Fn(usize, usize, f32),
+    write: &Sink,
 ) {
     let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
     let mut r = rows.start;
@@ -298,7 +298,7 @@ fn token_rows<X>(
             for t in 0..n {
                 let out = (k.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &x[t * nb..(t + 1) * nb]);
                 for (i, v) in out.into_iter().enumerate() {
-                    write(r + i, t, v);
+                    write.put(r + i, t, v);
                 }
             }
             r += 4;
@@ -309,12 +309,12 @@ fn token_rows<X>(
         let mut t = 0;
         while t + 4 <= n {
             for (j, v) in (k.four)(wr, &x[t * nb..(t + 4) * nb], nb).into_iter().enumerate() {
-                write(r, t + j, v);
+                write.put(r, t + j, v);
             }
             t += 4;
         }
         for t in t..n {
-            write(r, t, (k.one)(wr, &x[t * nb..(t + 1) * nb]));
+            write.put(r, t, (k.one)(wr, &x[t * nb..(t + 1) * nb]));
         }
     }
 }
@@ -340,9 +340,7 @@ impl QuantizedInput {
         if q8 && cols.is_multiple_of(QK) {
             let nb = cols / QK;
             input.rows = vec![Q8Block::default(); n * nb];
-            for t in 0..n {
-                quantize_row_q8(&x[t * cols..(t + 1) * cols], &mut input.rows[t * nb..(t + 1) * nb]);
-            }
+            per_token(x, cols, &mut input.rows, nb, quantize_row_q8);
             if n >= GROUPED_MIN_TOKENS {
                 input.groups = interleave(&input.rows, n, nb);
             }
@@ -350,14 +348,28 @@ impl QuantizedInput {
         if q8k && cols.is_multiple_of(QK_K) {
             let nb = cols / QK_K;
             input.krows = vec![Q8KBlock::default(); n * nb];
-            for t in 0..n {
-                quantize_row_q8k(&x[t * cols..(t + 1) * cols], &mut input.krows[t * nb..(t + 1) * nb]);
-            }
+            per_token(x, cols, &mut input.krows, nb, quantize_row_q8k);
             if n >= GROUPED_MIN_TOKENS && kgemm_kernels(GgmlType::Q4K).is_some() {
                 input.kgroups = interleave_k(&input.krows, n, nb);
             }
         }
         input
+    }
+}
+
+/// Tokens from which quantizing activations is split across the pool.
+const PARALLEL_QUANTIZE_TOKENS: usize = 16;
+
+/// `quantize(x[t], out[t])` for every token `t` (`cols` values in, `nb`
+/// blocks out); prefill-sized inputs are split across the pool (each token's
+/// blocks are the same either way).
+fn per_token<B: Send>(x: &[f32], cols: usize, out: &mut [B], nb: usize, quantize: fn(&[f32], &mut [B])) {
+    if out.len() / nb.max(1) >= PARALLEL_QUANTIZE_TOKENS {
+        out.par_chunks_mut(nb).zip(x.par_chunks(cols)).for_each(|(o, xt)| quantize(xt, o));
+    } else {
+        for (o, xt) in out.chunks_mut(nb).zip(x.chunks(cols)) {
+            quantize(xt, o);
+        }
     }
 }
 
@@ -396,12 +408,7 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
     tasks.par_iter().try_for_each(|&(i, start)| {
         let layer = layers[i];
         let rows = layer.rows;
-        let out = outs[i];
-        let write = |r: usize, t: usize, v: f32| {
-            // SAFETY: r < rows and t < n index inside job i's output (checked above);
-            // each (job, row) belongs to exactly one task, so writes never overlap.
-            unsafe { *out.get().add(t * rows + r) = v }
-        };
+        let write = Sink { ptr: outs[i], rows, tokens: n };
         layer.compute_rows(start..(start + chunk).min(rows), x, &xq, n, precision, &write)
     })?;
     for job in jobs.iter_mut() {
@@ -414,6 +421,28 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
         }
     }
     Ok(())
+}
+
+/// Where a matmul task writes: job output `[tokens, rows]`, row-major.
+/// Tasks own disjoint sets of rows, so their writes never overlap.
+#[derive(Clone, Copy)]
+struct Sink {
+    ptr: SendPtr,
+    rows: usize,
+    tokens: usize,
+}
+
+impl Sink {
+    /// `out[t, r] = v`; indices outside the output are ignored (never happens:
+    /// the kernels only produce rows of the task and tokens of the batch).
+    #[inline(always)]
+    fn put(&self, r: usize, t: usize, v: f32) {
+        if r < self.rows && t < self.tokens {
+            // SAFETY: in bounds of the job's `[tokens, rows]` output (checked in
+            // `matmul_many` and just above); each row belongs to one task.
+            unsafe { *self.ptr.get().add(t * self.rows + r) = v }
+        }
+    }
 }
 
 fn row_chunk(rows: usize) -> usize {

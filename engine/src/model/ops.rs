@@ -116,9 +116,15 @@ impl Rope {
 
     /// Rotate every head of every token row of `x` (`[tokens, heads * head_dim]`).
     pub fn apply(&self, x: &mut [f32], angles: &RopeAngles, heads: usize) {
+        self.apply_from(x, angles, heads, 0);
+    }
+
+    /// As [`Rope::apply`], for rows `first..` of the step (`x` starts at row `first`).
+    pub fn apply_from(&self, x: &mut [f32], angles: &RopeAngles, heads: usize, first: usize) {
         let half = angles.half;
         let head_dim = half * 2;
         for (t, row) in x.chunks_exact_mut(heads * head_dim).enumerate() {
+            let t = first + t;
             let cos = &angles.cos[t * half..(t + 1) * half];
             let sin = &angles.sin[t * half..(t + 1) * half];
             for head in row.chunks_exact_mut(head_dim) {

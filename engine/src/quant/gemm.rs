@@ -42,13 +42,10 @@ impl Default for Q8Group {
 /// Interleave `n` tokens' quantized rows (`nb` blocks each, token-major) into
 /// groups of 8 (`n.div_ceil(8) * nb` groups, group-major); missing tokens are zero.
 pub fn interleave(xq: &[Q8Block], n: usize, nb: usize) -> Vec<Q8Group> {
-    let groups = n.div_ceil(GROUP);
-    let mut out = vec![Q8Group::default(); groups * nb];
-    for t in 0..n {
-        let (g, lane) = (t / GROUP, t % GROUP);
-        for b in 0..nb {
+    let mut out = vec![Q8Group::default(); n.div_ceil(GROUP) * nb];
+    for_each_group(&mut out, nb, n, |dst, lane, t| {
+        for (b, dst) in dst.iter_mut().enumerate() {
             let src = &xq[t * nb + b];
-            let dst = &mut out[g * nb + b];
             dst.d[lane] = src.d;
             dst.s[lane] = src.s;
             dst.qsum[lane] = src.qsum;
@@ -56,8 +53,24 @@ pub fn interleave(xq: &[Q8Block], n: usize, nb: usize) -> Vec<Q8Group> {
                 dst.qs[k][lane].copy_from_slice(chunk);
             }
         }
-    }
+    });
     out
+}
+
+/// Calls `fill(group's nb blocks, lane, token)` for each of the `n` tokens,
+/// groups split across the pool when there are several.
+pub(crate) fn for_each_group<G: Send>(out: &mut [G], nb: usize, n: usize, fill: impl Fn(&mut [G], usize, usize) + Sync) {
+    use rayon::prelude::*;
+    let run = |(g, dst): (usize, &mut [G])| {
+        for lane in 0..GROUP.min(n.saturating_sub(g * GROUP)) {
+            fill(dst, lane, g * GROUP + lane);
+        }
+    };
+    if out.len() > nb {
+        out.par_chunks_mut(nb.max(1)).enumerate().for_each(run);
+    } else {
+        out.chunks_mut(nb.max(1)).enumerate().for_each(run);
+    }
 }
 
 /// One weight row (raw blocks) times one group of 8 tokens (`nb` groups).

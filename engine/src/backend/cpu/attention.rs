@@ -26,11 +26,18 @@ const QUERY_CHUNK: usize = 16;
 /// for every row `t` of the step, where `first` is 0, or with a `window`
 /// the first of the last `window` positions (blocks wholly before it are
 /// not read); `q` and `out` are `[rows, num_heads * head_dim]`.
+///
+/// The query heads that share a KV head are taken together where there are
+/// enough tasks to keep the pool busy: each key and value row is then read
+/// once for all of them. Every head's arithmetic is the same either way.
 pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, layout: &StepLayout, shape: HeadShape, window: Option<usize>) {
+    let heads_per_task = heads_per_task(layout, shape);
     let tasks: Vec<(usize, usize, usize)> = (0..layout.num_seqs())
         .flat_map(|s| {
             let rows = layout.seq_rows(s);
-            (0..shape.num_heads).flat_map(move |h| rows.clone().step_by(QUERY_CHUNK).map(move |first| (s, h, first)))
+            (0..shape.num_heads)
+                .step_by(heads_per_task)
+                .flat_map(move |h| rows.clone().step_by(QUERY_CHUNK).map(move |first| (s, h, first)))
         })
         .collect();
     let width = shape.num_heads * shape.head_dim;
@@ -40,19 +47,33 @@ pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, la
     let values = kv.values(layer);
     tasks.par_iter().for_each(|&(s, h, first)| {
         let mut scratch = Scratch::default();
-        let mut acc = vec![0f32; shape.head_dim];
+        let mut acc = vec![0f32; heads_per_task * shape.head_dim];
         let last = (first + QUERY_CHUNK).min(layout.seq_rows(s).end);
         for t in first..last {
             let row = t * width + h * shape.head_dim;
-            let qh = &q[row..row + shape.head_dim];
+            let qh = &q[row..row + heads_per_task * shape.head_dim];
             let positions = layout.positions[t] + 1;
             let first = window.map_or(0, |w| positions.saturating_sub(w));
             let blocks = KeyBlocks { table: layout.table(s), block_size: layout.block_size, first, positions };
-            attend_one(qh, blocks, keys, values, h, shape, &mut scratch, &mut acc);
-            // SAFETY: (t, h) is owned by exactly this task; row + head_dim <= out.len() (asserted above).
-            unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out_ptr.get().add(row), shape.head_dim) };
+            attend(qh, blocks, keys, values, h, shape, &mut scratch, &mut acc);
+            // SAFETY: heads h..h + heads_per_task of row t are owned by exactly this task;
+            // row + heads_per_task * head_dim <= out.len() (asserted above).
+            unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out_ptr.get().add(row), acc.len()) };
         }
     });
+}
+
+/// All the query heads of a KV head in one task, unless that leaves fewer
+/// than four tasks per thread (decode of a few sequences): then one head each.
+fn heads_per_task(layout: &StepLayout, shape: HeadShape) -> usize {
+    let group = (shape.num_heads / shape.num_kv_heads.max(1)).max(1);
+    let chunks: usize = (0..layout.num_seqs()).map(|s| layout.seq_rows(s).len().div_ceil(QUERY_CHUNK)).sum();
+    let grouped_tasks = chunks * shape.num_kv_heads;
+    if shape.num_heads.is_multiple_of(group) && grouped_tasks >= 4 * rayon::current_num_threads() {
+        group
+    } else {
+        1
+    }
 }
 
 /// Per-task buffers reused across the task's queries.
@@ -86,34 +107,41 @@ impl KeyBlocks<'_> {
     }
 }
 
-/// One query head over the positions `blocks` covers.
+/// Query heads `head..head + q.len() / head_dim` (all of one KV head) over
+/// the positions `blocks` covers: each key is dotted with every head while it
+/// is in cache, each value row added into every head's output.
 #[allow(clippy::too_many_arguments)]
-fn attend_one(
-    qh: &[f32],
-    blocks: KeyBlocks<'_>,
-    keys: &[f32],
-    values: &[f32],
-    head: usize,
-    shape: HeadShape,
-    scratch: &mut Scratch,
-    acc: &mut [f32],
-) {
-    let kv_dim = shape.num_kv_heads * shape.head_dim;
+fn attend(q: &[f32], blocks: KeyBlocks<'_>, keys: &[f32], values: &[f32], head: usize, shape: HeadShape, scratch: &mut Scratch, acc: &mut [f32]) {
+    let d = shape.head_dim;
+    let kv_dim = shape.num_kv_heads * d;
     let group = shape.num_heads / shape.num_kv_heads;
-    let col = (head / group) * shape.head_dim;
-    let scale = shape.scale;
-    blocks.fill_starts(&mut scratch.starts, kv_dim, col);
+    blocks.fill_starts(&mut scratch.starts, kv_dim, (head / group) * d);
+    let n = scratch.starts.len();
+    let heads = q.len() / d;
     scratch.scores.clear();
-    scratch.scores.extend(scratch.starts.iter().map(|&k| simd::dot(qh, &keys[k..k + shape.head_dim]) * scale));
-    let max = scratch.scores.iter().fold(f32::NEG_INFINITY, |m, &s| if s > m { s } else { m });
-    for s in scratch.scores.iter_mut() {
+    scratch.scores.resize(heads * n, 0.0);
+    for (j, &k) in scratch.starts.iter().enumerate() {
+        let key = &keys[k..k + d];
+        for (h, qh) in q.chunks_exact(d).enumerate() {
+            scratch.scores[h * n + j] = simd::dot(qh, key) * shape.scale;
+        }
+    }
+    for scores in scratch.scores.chunks_exact_mut(n.max(1)) {
+        softmax(scores);
+    }
+    simd::weighted_sum_heads(acc, d, &scratch.scores, n, values, &scratch.starts);
+}
+
+/// In-place softmax.
+fn softmax(scores: &mut [f32]) {
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| if s > m { s } else { m });
+    for s in scores.iter_mut() {
         *s = simd::fast_exp(*s - max);
     }
-    let inv = 1.0 / scratch.scores.iter().sum::<f32>();
-    for s in scratch.scores.iter_mut() {
+    let inv = 1.0 / scores.iter().sum::<f32>();
+    for s in scores.iter_mut() {
         *s *= inv;
     }
-    simd::weighted_sum(acc, &scratch.scores, values, &scratch.starts);
 }
 
 #[cfg(test)]

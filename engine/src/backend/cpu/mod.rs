@@ -14,6 +14,7 @@ use crate::model::ops::{add_in_place, gelu_tanh_mul, rms_norm_into, Rope, RopeAn
 use crate::model::{Linear, MatmulPrecision};
 use crate::weights::TensorView;
 use attention::{paged_attention, HeadShape};
+use rayon::prelude::*;
 
 /// The CPU backend (see the module doc).
 #[derive(Debug, Default)]
@@ -156,13 +157,19 @@ impl Backend for CpuBackend {
 
     fn add_rms_norm(&self, out: &mut Vec<f32>, residual: Option<&mut Vec<f32>>, x: &Vec<f32>, weight: &Vec<f32>, rows: usize, width: usize, eps: f32) -> Result<()> {
         let n = rows * width;
-        let out = &mut out[..n];
         match residual {
             Some(r) => {
-                add_in_place(&mut r[..n], &x[..n]);
-                rms_norm_into(&r[..n], weight, eps, out);
+                let norm = |(out, (r, x)): (&mut [f32], (&mut [f32], &[f32]))| {
+                    add_in_place(r, x);
+                    rms_norm_into(r, weight, eps, out);
+                };
+                let (out, r, x) = (&mut out[..n], &mut r[..n], &x[..n]);
+                match parallel_chunk(rows, width) {
+                    Some(c) => out.par_chunks_mut(c).zip(r.par_chunks_mut(c).zip(x.par_chunks(c))).for_each(norm),
+                    None => norm((out, (r, x))),
+                }
             }
-            None => rms_norm_into(&x[..n], weight, eps, out),
+            None => each_chunk(&mut out[..n], &x[..n], &x[..n], rows, width, |o, x, _| rms_norm_into(x, weight, eps, o)),
         }
         Ok(())
     }
@@ -173,14 +180,13 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &mut Vec<f32>, step: &CpuStep, rows: usize, heads: usize) -> Result<()> {
-        let width = heads * step.rope.head_dim();
-        step.rope.apply(&mut x[..rows * width], &step.angles, heads);
+        rotate(&step.rope, &mut x[..rows * heads * step.rope.head_dim()], &step.angles, heads);
         Ok(())
     }
 
     fn rope_local(&self, x: &mut Vec<f32>, step: &CpuStep, rows: usize, heads: usize) -> Result<()> {
         let (rope, angles) = step.local.as_ref().ok_or_else(|| EngineError::Backend("this model has no sliding-window layers".into()))?;
-        rope.apply(&mut x[..rows * heads * rope.head_dim()], angles, heads);
+        rotate(rope, &mut x[..rows * heads * rope.head_dim()], angles, heads);
         Ok(())
     }
 
@@ -202,15 +208,17 @@ impl Backend for CpuBackend {
 
     fn silu_mul(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
         let n = rows * width;
-        for ((o, g), u) in out[..n].iter_mut().zip(&gate[..n]).zip(&up[..n]) {
-            *o = *g / (1.0 + (-*g).exp()) * u;
-        }
+        each_chunk(&mut out[..n], &gate[..n], &up[..n], rows, width, |out, gate, up| {
+            for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+                *o = *g / (1.0 + (-*g).exp()) * u;
+            }
+        });
         Ok(())
     }
 
     fn gelu_tanh_mul(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
         let n = rows * width;
-        gelu_tanh_mul(&mut out[..n], &gate[..n], &up[..n]);
+        each_chunk(&mut out[..n], &gate[..n], &up[..n], rows, width, gelu_tanh_mul);
         Ok(())
     }
 
@@ -230,6 +238,35 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         head.forward(&picked[..rows.len() * h], rows.len(), out, self.precision)
+    }
+}
+
+/// Elements from which an element-wise op is split across the pool
+/// (prefill-sized steps; a decode step's few rows stay on one thread).
+const PARALLEL_ELEMENTS: usize = 1 << 15;
+
+/// The chunk length (whole rows) to split `rows` rows of `width` into, or
+/// `None` when the op is too small to be worth splitting.
+fn parallel_chunk(rows: usize, width: usize) -> Option<usize> {
+    let threads = rayon::current_num_threads();
+    (threads > 1 && rows > 1 && rows * width >= PARALLEL_ELEMENTS).then(|| rows.div_ceil(threads * 4) * width)
+}
+
+/// `op(out, a, b)` over matching whole-row chunks of the three buffers.
+fn each_chunk(out: &mut [f32], a: &[f32], b: &[f32], rows: usize, width: usize, op: impl Fn(&mut [f32], &[f32], &[f32]) + Sync) {
+    match parallel_chunk(rows, width) {
+        Some(c) => out.par_chunks_mut(c).zip(a.par_chunks(c).zip(b.par_chunks(c))).for_each(|(o, (a, b))| op(o, a, b)),
+        None => op(out, a, b),
+    }
+}
+
+/// RoPE over every row of `x` (`[rows, heads * head_dim]`), rows split across the pool.
+fn rotate(rope: &Rope, x: &mut [f32], angles: &RopeAngles, heads: usize) {
+    let width = heads * rope.head_dim();
+    let rows = x.len() / width.max(1);
+    match parallel_chunk(rows, width) {
+        Some(c) => x.par_chunks_mut(c).enumerate().for_each(|(i, part)| rope.apply_from(part, angles, heads, i * (c / width))),
+        None => rope.apply(x, angles, heads),
     }
 }
 

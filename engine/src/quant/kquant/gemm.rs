@@ -39,10 +39,9 @@ impl Default for Q8KGroup {
 /// groups of 16 (`n.div_ceil(16) * nb` groups, group-major); missing tokens are zero.
 pub fn interleave_k(xq: &[Q8KBlock], n: usize, nb: usize) -> Vec<Q8KGroup> {
     let mut out = vec![Q8KGroup::default(); n.div_ceil(GROUP) * nb];
-    for t in 0..n {
-        let (g, lane) = (t / GROUP, t % GROUP);
-        for b in 0..nb {
-            let (src, dst) = (&xq[t * nb + b], &mut out[g * nb + b]);
+    crate::quant::gemm::for_each_group(&mut out, nb, n, |dst, lane, t| {
+        for (b, dst) in dst.iter_mut().enumerate() {
+            let src = &xq[t * nb + b];
             dst.d[lane] = src.d;
             for (k, chunk) in src.qs.chunks_exact(4).enumerate() {
                 dst.qs[k][lane].copy_from_slice(chunk);
@@ -51,7 +50,7 @@ pub fn interleave_k(xq: &[Q8KBlock], n: usize, nb: usize) -> Vec<Q8KGroup> {
                 sums[lane] = *s as i32;
             }
         }
-    }
+    });
     out
 }
 
@@ -152,38 +151,68 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
             }
             (row.scales, row.mins) = F::int_scales(wb);
         }
-        for (g, out) in out.iter_mut().enumerate() {
+        // Two groups at a time share each broadcast weight word.
+        let done = out.len() / 2 * 2;
+        let mut pairs = out.chunks_exact_mut(2);
+        for (p, pair) in pairs.by_ref().enumerate() {
+            let (g0, g1) = (2 * p, 2 * p + 1);
             // SAFETY: g * nb + b < groups * nb <= x.len() (checked by `check`).
-            unsafe { group_block::<F, R>(&rows, &x[g * nb + b], out) }
+            let [t0, t1] = unsafe { run_sums::<F, R, 2>(&rows, [&x[g0 * nb + b], &x[g1 * nb + b]]) };
+            let (o0, o1) = pair.split_at_mut(1);
+            // SAFETY: as above.
+            unsafe {
+                fold::<F, R>(&rows, &x[g0 * nb + b], t0, &mut o0[0]);
+                fold::<F, R>(&rows, &x[g1 * nb + b], t1, &mut o1[0]);
+            }
+        }
+        for (i, o) in pairs.into_remainder().iter_mut().enumerate() {
+            let g = done + i;
+            // SAFETY: as above.
+            unsafe {
+                let [t] = run_sums::<F, R, 1>(&rows, [&x[g * nb + b]]);
+                fold::<F, R>(&rows, &x[g * nb + b], t, o);
+            }
         }
     }
 }
 
-/// One super-block of `R` unpacked rows times one group: folds into `out`.
+/// `Σ_runs scale · Σ u·q` per token of each of `G` groups, for every row
+/// (exact i32; the order of integer additions does not matter).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn group_block<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &Q8KGroup, out: &mut [[f32; GROUP]; R]) {
-    // Σ_runs scale · Σ u·q per token, for every row.
-    let mut tot = [_mm512_setzero_si512(); R];
+unsafe fn run_sums<F: Format, const R: usize, const G: usize>(rows: &[Unpacked; R], xg: [&Q8KGroup; G]) -> [[__m512i; R]; G] {
+    let mut tot = [[_mm512_setzero_si512(); R]; G];
     for run in 0..QK_K / F::SUB {
-        // Two exact partial sums per row (even and odd k) halve the
-        // dependency chains' length; integer addition keeps them exact.
-        let mut isum = [[_mm512_setzero_si512(); R]; 2];
+        let mut isum = [[_mm512_setzero_si512(); R]; G];
         for k in run * F::SUB / 4..(run + 1) * F::SUB / 4 {
             // SAFETY: k < 64 indexes xg.qs (64-byte aligned rows of 16 lanes).
-            let xv = unsafe { _mm512_load_si512(xg.qs[k].as_ptr() as *const __m512i) };
-            for (s, row) in isum[k % 2].iter_mut().zip(rows) {
+            let xv: [__m512i; G] = std::array::from_fn(|g| unsafe { _mm512_load_si512(xg[g].qs[k].as_ptr() as *const __m512i) });
+            for (r, row) in rows.iter().enumerate() {
                 // SAFETY: 4k + 4 <= 256 bytes of row.u.
                 let wv = _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(row.u.as_ptr().add(4 * k) as *const i32) });
-                *s = _mm512_dpbusd_epi32(*s, wv, xv);
+                for g in 0..G {
+                    isum[g][r] = _mm512_dpbusd_epi32(isum[g][r], wv, xv[g]);
+                }
             }
         }
-        for (r, (t, row)) in tot.iter_mut().zip(rows).enumerate() {
-            let s = _mm512_add_epi32(isum[0][r], isum[1][r]);
-            *t = _mm512_add_epi32(*t, _mm512_mullo_epi32(s, _mm512_set1_epi32(row.scales[run])));
+        for (r, row) in rows.iter().enumerate() {
+            let scale = _mm512_set1_epi32(row.scales[run]);
+            for g in 0..G {
+                tot[g][r] = _mm512_add_epi32(tot[g][r], _mm512_mullo_epi32(isum[g][r], scale));
+            }
         }
     }
+    tot
+}
+
+/// One super-block of `R` unpacked rows times one group, given the rows'
+/// integer sums `tot` ([`run_sums`]): adds the mins (or Q6_K's offset) and
+/// folds into `out`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+unsafe fn fold<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &Q8KGroup, tot: [__m512i; R], out: &mut [[f32; GROUP]; R]) {
     // SAFETY: xg.bsums and xg.d are 64-byte aligned arrays of 16 lanes.
     let (bsum, xd) = unsafe {
         let bsum: [__m512i; 16] = std::array::from_fn(|g| _mm512_load_si512(xg.bsums[g].as_ptr() as *const __m512i));
