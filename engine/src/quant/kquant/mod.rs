@@ -84,6 +84,14 @@ pub fn is_kquant(dtype: GgmlType) -> bool {
 /// The fastest kernels for a K-quant type on this CPU (`None` for other types).
 pub fn kdot_kernels(dtype: GgmlType) -> Option<KDotKernels> {
     #[cfg(target_arch = "x86_64")]
+    if vnni::available() {
+        match dtype {
+            GgmlType::Q4K => return Some(KDotKernels { one: vnni::dot_q4_k, four: avx2::dot4_q4_k, rows4: vnni::rows4_q4_k }),
+            GgmlType::Q6K => return Some(KDotKernels { one: vnni::dot_q6_k, four: avx2::dot4_q6_k, rows4: vnni::rows4_q6_k }),
+            _ => {}
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if avx2::available() {
         return Some(match dtype {
             GgmlType::Q4K => KDotKernels { one: avx2::dot_q4_k, four: avx2::dot4_q4_k, rows4: avx2::rows4_q4_k },
@@ -242,6 +250,8 @@ mod scalar {
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 #[cfg(test)]
 mod tests {
