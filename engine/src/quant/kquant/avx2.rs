@@ -186,7 +186,7 @@ impl Format for Q6K {
 }
 
 #[inline(always)]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
+pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
     // SAFETY: AVX2 is enabled in every caller.
     unsafe {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

@@ -10,7 +10,7 @@
 //! same float operations: results equal the AVX2 and scalar kernels bit for
 //! bit.
 
-use super::avx2::half;
+use super::avx2::{half, hsum_i32};
 use super::{scales_mins_k4, Q8KBlock, Q4K_BYTES, Q6K_BYTES};
 use std::arch::x86_64::*;
 
@@ -153,17 +153,6 @@ unsafe fn token(xb: &Q8KBlock) -> Token {
     }
 }
 
-#[inline(always)]
-unsafe fn hsum256(v: __m256i) -> i32 {
-    // SAFETY: AVX2 enabled in every caller.
-    unsafe {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-        _mm_cvtsi128_si32(s)
-    }
-}
-
 /// One row's super-block against one token: folds into `acc` exactly as the
 /// other kernels do (`fma(d_x·d, isum, acc)`, then the mins).
 #[inline(always)]
@@ -185,7 +174,7 @@ unsafe fn block<F: ZFormat>(wb: *const u8, x: &Token, idx: &[__m512i; 4], acc: f
         let d = F::d(wb);
         let acc = (x.d * d.0).mul_add(isum as f32, acc);
         if F::MINS {
-            let msum = hsum256(_mm256_mullo_epi32(mins, x.pairs));
+            let msum = hsum_i32(_mm256_mullo_epi32(mins, x.pairs));
             (-(x.d * d.1)).mul_add(msum as f32, acc)
         } else {
             acc
