@@ -84,10 +84,10 @@ pub fn is_kquant(dtype: GgmlType) -> bool {
 /// The fastest kernels for a K-quant type on this CPU (`None` for other types).
 pub fn kdot_kernels(dtype: GgmlType) -> Option<KDotKernels> {
     #[cfg(target_arch = "x86_64")]
-    if vnni::available() {
+    if vnni4::available() {
         match dtype {
-            GgmlType::Q4K => return Some(KDotKernels { one: vnni::dot_q4_k, four: avx2::dot4_q4_k, rows4: vnni::rows4_q4_k }),
-            GgmlType::Q6K => return Some(KDotKernels { one: vnni::dot_q6_k, four: avx2::dot4_q6_k, rows4: vnni::rows4_q6_k }),
+            GgmlType::Q4K => return Some(KDotKernels { one: vnni::dot_q4_k, four: avx2::dot4_q4_k, rows4: vnni4::rows4_q4_k }),
+            GgmlType::Q6K => return Some(KDotKernels { one: vnni::dot_q6_k, four: avx2::dot4_q6_k, rows4: vnni4::rows4_q6_k }),
             _ => {}
         }
     }
@@ -252,6 +252,8 @@ mod avx2;
 pub mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni4;
 
 #[cfg(test)]
 mod tests {

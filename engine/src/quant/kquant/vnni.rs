@@ -1,5 +1,5 @@
-//! AVX-512 VNNI decode kernels for Q4_K and Q6_K: one token against one or
-//! four weight rows, 64 values per `vpdpbusd`.
+//! AVX-512 VNNI decode kernels for Q4_K and Q6_K: one token against one
+//! weight row, 64 values per `vpdpbusd` (four rows: `vnni4`).
 //!
 //! A super-block's 256 unsigned values are unpacked into four registers of
 //! 64 consecutive values, so the token's activations are four plain 64-byte
@@ -208,24 +208,17 @@ unsafe fn rows_one_token<F: ZFormat, const R: usize>(w: [&[u8]; R], x: &[Q8KBloc
 }
 
 macro_rules! entries {
-    ($one:ident, $rows4:ident, $fmt:ty) => {
+    ($one:ident, $fmt:ty) => {
         /// One row · one token.
         pub fn $one(w: &[u8], x: &[Q8KBlock]) -> f32 {
             let n = x.len().min(w.len() / <$fmt>::BYTES);
             // SAFETY: chosen only where `available()` holds.
             unsafe { rows_one_token::<$fmt, 1>([w], x, n)[0] }
         }
-
-        /// Four rows · one token.
-        pub fn $rows4(w: [&[u8]; 4], x: &[Q8KBlock]) -> [f32; 4] {
-            let n = w.iter().fold(x.len(), |n, r| n.min(r.len() / <$fmt>::BYTES));
-            // SAFETY: as above.
-            unsafe { rows_one_token::<$fmt, 4>(w, x, n) }
-        }
     };
 }
-entries!(dot_q4_k, rows4_q4_k, Q4K);
-entries!(dot_q6_k, rows4_q6_k, Q6K);
+entries!(dot_q4_k, Q4K);
+entries!(dot_q6_k, Q6K);
 
 #[cfg(test)]
 mod tests {
@@ -240,7 +233,8 @@ mod tests {
 
     #[test]
     fn vnni_decode_equals_the_scalar_kernels_bit_for_bit() {
-        if !available() {
+        use super::super::vnni4::{rows4_q4_k, rows4_q6_k};
+        if !super::super::vnni4::available() {
             eprintln!("no AVX-512 VNNI here; the AVX2 and scalar kernels are tested instead");
             return;
         }
