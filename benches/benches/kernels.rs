@@ -143,6 +143,44 @@ fn bench_kquant_decode(c: &mut Criterion) {
     }
 }
 
+/// Batched decode: 4 tokens through 256 MiB of K-quant rows, with the kernel
+/// that unpacks four rows once for all tokens and with the one-row ·
+/// four-token kernel; throughput in weight bytes.
+fn bench_kquant_decode_batch(c: &mut Criterion) {
+    let mut group = c.benchmark_group("kquant_decode_4tok_256MiB");
+    group.sample_size(10);
+    let cols = 1536;
+    let nb = cols / 256;
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        let Some(k) = kdot_kernels(dtype) else { continue };
+        let row_bytes = nb * dtype.type_size();
+        let rows = (256 << 20) / row_bytes / 4 * 4;
+        let weights = kquant_rows(dtype, rows, cols);
+        let xq = quantize_k(4, cols);
+        group.throughput(Throughput::Bytes(weights.len() as u64));
+        if let Some(many) = k.rows4_tokens {
+            group.bench_function(format!("{dtype:?}/rows4_tokens"), |b| {
+                b.iter(|| {
+                    let mut out = [[0f32; 4]; 4];
+                    let mut acc = 0f32;
+                    for four in weights.chunks_exact(4 * row_bytes) {
+                        let (a, rest) = four.split_at(row_bytes);
+                        let (b2, rest) = rest.split_at(row_bytes);
+                        let (c2, d) = rest.split_at(row_bytes);
+                        many([a, b2, c2, d], black_box(&xq), nb, &mut out);
+                        acc += out[3][0];
+                    }
+                    acc
+                })
+            });
+        }
+        group.bench_function(format!("{dtype:?}/four"), |b| {
+            b.iter(|| weights.chunks_exact(row_bytes).map(|w| (k.four)(w, black_box(&xq), nb)[3]).sum::<f32>())
+        });
+    }
+    group.finish();
+}
+
 /// Prefill: 64 tokens (4 groups of 16) through Qwen2.5-1.5B-shaped layers.
 fn bench_kquant_prefill(c: &mut Criterion) {
     let mut group = c.benchmark_group("kquant_gemm");
@@ -201,5 +239,5 @@ fn bench_memory_read(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_kernels, bench_kquant_decode, bench_kquant_prefill, bench_memory_read);
+criterion_group!(benches, bench_kernels, bench_kquant_decode, bench_kquant_decode_batch, bench_kquant_prefill, bench_memory_read);
 criterion_main!(benches);

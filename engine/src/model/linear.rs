@@ -17,7 +17,7 @@ use crate::quant::dot::{dot_kernels, quantize_row_q8, DotKernels, Q8Block, QK};
 use crate::quant::dequant::QK_K;
 use crate::quant::gemm::{gemm_kernels, interleave, GemmKernels, Q8Group, GROUP};
 use crate::quant::kquant::gemm::{interleave_k, kgemm_kernels, KGemmKernels, Q8KGroup};
-use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, KDotKernels, Q8KBlock};
+use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, KDotKernels, KRows4TokensFn, Q8KBlock};
 use super::SendPtr;
 use crate::simd;
 use crate::weights::TensorView;
@@ -240,8 +240,13 @@ impl Linear {
             WeightData::Blocks { bytes, row_bytes, kquant: Some(k), .. }
                 if precision == MatmulPrecision::Fast && !xq.krows.is_empty() =>
             {
+                let nb = cols / QK_K;
+                let rows = match k.rows4_tokens {
+                    Some(many) if n > 1 => rows4_tokens(many, bytes, *row_bytes, rows, &xq.krows, nb, n, write),
+                    _ => rows,
+                };
                 let kernels = TokenKernels { one: k.one, four: k.four, rows4: k.rows4 };
-                token_rows(kernels, bytes, *row_bytes, rows, &xq.krows, cols / QK_K, n, write);
+                token_rows(kernels, bytes, *row_bytes, rows, &xq.krows, nb, n, write);
             }
             WeightData::F32(w) => {
                 for r in rows {
@@ -318,6 +323,41 @@ fn token_rows<X>(
         }
     }
 }
+
+/// Output rows of `rows`, four at a time, for all `n` tokens with a kernel
+/// that unpacks each row once for up to [`KROWS_TOKENS`] tokens (batched
+/// decode); returns the rows left (fewer than four).
+#[allow(clippy::too_many_arguments)]
+fn rows4_tokens(
+    many: KRows4TokensFn,
+    bytes: &[u8],
+    row_bytes: usize,
+    rows: std::ops::Range<usize>,
+    x: &[Q8KBlock],
+    nb: usize,
+    n: usize,
+    write: &Sink,
+) -> std::ops::Range<usize> {
+    let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
+    let mut out = [[0f32; 4]; KROWS_TOKENS];
+    let mut r = rows.start;
+    while r + 4 <= rows.end {
+        for first in (0..n).step_by(KROWS_TOKENS) {
+            let count = (n - first).min(KROWS_TOKENS);
+            many([row(r), row(r + 1), row(r + 2), row(r + 3)], &x[first * nb..(first + count) * nb], nb, &mut out[..count]);
+            for (t, lanes) in out[..count].iter().enumerate() {
+                for (i, v) in lanes.iter().enumerate() {
+                    write.put(r + i, first + t, *v);
+                }
+            }
+        }
+        r += 4;
+    }
+    r..rows.end
+}
+
+/// Tokens per call of a [`KRows4TokensFn`].
+const KROWS_TOKENS: usize = 8;
 
 /// The input of a fast matmul: 8-bit rows (per 32 values), for prefill-sized
 /// batches the same values interleaved 16 tokens at a time for the grouped

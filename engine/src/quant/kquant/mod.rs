@@ -65,6 +65,10 @@ pub type KDot4Fn = fn(&[u8], &[Q8KBlock], usize) -> [f32; 4];
 /// Four weight rows · one token.
 pub type KRows4Fn = fn([&[u8]; 4], &[Q8KBlock]) -> [f32; 4];
 
+/// Four weight rows · `out.len()` tokens of `nb` super-blocks each, one after
+/// another in the activations: `out[t][r]`.
+pub type KRows4TokensFn = fn([&[u8]; 4], &[Q8KBlock], usize, &mut [[f32; 4]]);
+
 /// The kernels for one K-quant type.
 #[derive(Clone, Copy)]
 pub struct KDotKernels {
@@ -74,6 +78,9 @@ pub struct KDotKernels {
     pub four: KDot4Fn,
     /// Four rows · one token (decode: four independent chains in flight).
     pub rows4: KRows4Fn,
+    /// Four rows · a few tokens, each row unpacked once for all of them
+    /// (batched decode), where this CPU has such a kernel.
+    pub rows4_tokens: Option<KRows4TokensFn>,
 }
 
 /// Whether `dtype` is a K-quant with kernels here.
@@ -86,17 +93,17 @@ pub fn kdot_kernels(dtype: GgmlType) -> Option<KDotKernels> {
     #[cfg(target_arch = "x86_64")]
     if vnni4::available() {
         match dtype {
-            GgmlType::Q4K => return Some(KDotKernels { one: vnni::dot_q4_k, four: avx2::dot4_q4_k, rows4: vnni4::rows4_q4_k }),
-            GgmlType::Q6K => return Some(KDotKernels { one: vnni::dot_q6_k, four: avx2::dot4_q6_k, rows4: vnni4::rows4_q6_k }),
+            GgmlType::Q4K => return Some(KDotKernels { one: vnni::dot_q4_k, four: avx2::dot4_q4_k, rows4: vnni4::rows4_q4_k, rows4_tokens: Some(vnni4::rows4_tokens_q4_k) }),
+            GgmlType::Q6K => return Some(KDotKernels { one: vnni::dot_q6_k, four: avx2::dot4_q6_k, rows4: vnni4::rows4_q6_k, rows4_tokens: Some(vnni4::rows4_tokens_q6_k) }),
             _ => {}
         }
     }
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
         return Some(match dtype {
-            GgmlType::Q4K => KDotKernels { one: avx2::dot_q4_k, four: avx2::dot4_q4_k, rows4: avx2::rows4_q4_k },
-            GgmlType::Q5K => KDotKernels { one: avx2::dot_q5_k, four: avx2::dot4_q5_k, rows4: avx2::rows4_q5_k },
-            GgmlType::Q6K => KDotKernels { one: avx2::dot_q6_k, four: avx2::dot4_q6_k, rows4: avx2::rows4_q6_k },
+            GgmlType::Q4K => KDotKernels { one: avx2::dot_q4_k, four: avx2::dot4_q4_k, rows4: avx2::rows4_q4_k, rows4_tokens: None },
+            GgmlType::Q5K => KDotKernels { one: avx2::dot_q5_k, four: avx2::dot4_q5_k, rows4: avx2::rows4_q5_k, rows4_tokens: None },
+            GgmlType::Q6K => KDotKernels { one: avx2::dot_q6_k, four: avx2::dot4_q6_k, rows4: avx2::rows4_q6_k, rows4_tokens: None },
             _ => return None,
         });
     }
@@ -121,7 +128,7 @@ pub fn scalar_kdot_kernels(dtype: GgmlType) -> Option<KDotKernels> {
         GgmlType::Q5K => |w, x| w.map(|r| scalar::dot_q5_k(r, x)),
         _ => |w, x| w.map(|r| scalar::dot_q6_k(r, x)),
     };
-    Some(KDotKernels { one, four, rows4 })
+    Some(KDotKernels { one, four, rows4, rows4_tokens: None })
 }
 
 /// Bytes per super-block.

@@ -126,8 +126,8 @@ trait Rows4Format {
     /// The four rows' unpacked scales (Q4_K: row r's 8 scales then 8 mins in
     /// 128-bit lane r) and their (d, dmin) as f32 (d in lanes 0..4, dmin in 4..8).
     unsafe fn header(wb: &[*const u8; 4], k: &Controls) -> (__m512i, __m256);
-    /// One row's `Σ sc·(q·x)` over the super-block, as 16 lanes to be summed.
-    unsafe fn row(wb: *const u8, scales: __m512i, r: usize, t: &Token, k: &Controls) -> __m512i;
+    /// One row's super-block unpacked: its values and i16 run scales.
+    unsafe fn row(wb: *const u8, scales: __m512i, r: usize, k: &Controls) -> Row;
 }
 
 struct Q4K;
@@ -167,10 +167,19 @@ unsafe fn activations(xb: &Q8KBlock) -> [__m512i; 4] {
     unsafe { [_mm512_loadu_si512(p), _mm512_loadu_si512(p.add(1)), _mm512_loadu_si512(p.add(2)), _mm512_loadu_si512(p.add(3))] }
 }
 
-/// Σ sc·(q·x) of one row from its four unpacked registers (lanes of 4
-/// products packed to i16, then multiplied by the i16 scales `s`).
+/// One row's unpacked super-block: four registers of 64 unsigned values and
+/// the i16 run scales of registers 0-1 and 2-3 once packed.
+struct Row {
+    u: [__m512i; 4],
+    s01: __m512i,
+    s23: __m512i,
+}
+
+/// Σ sc·(q·x) of one row against one token, as 16 lanes to be summed (lanes
+/// of 4 products packed to i16, then multiplied by the i16 run scales).
 #[inline(always)]
-unsafe fn scaled_dots(u: &[__m512i; 4], t: &Token, s01: __m512i, s23: __m512i) -> __m512i {
+unsafe fn scaled_dots(row: &Row, t: &Token) -> __m512i {
+    let (u, s01, s23) = (&row.u, row.s01, row.s23);
     // SAFETY: AVX-512 VNNI enabled in every caller.
     unsafe {
         let d0 = _mm512_dpbusd_epi32(t.start[0], u[0], t.q[0]);
@@ -226,7 +235,7 @@ impl Rows4Format for Q4K {
     }
 
     #[inline(always)]
-    unsafe fn row(wb: *const u8, scales: __m512i, r: usize, t: &Token, k: &Controls) -> __m512i {
+    unsafe fn row(wb: *const u8, scales: __m512i, r: usize, k: &Controls) -> Row {
         // SAFETY: wb is a whole super-block; AVX-512 VNNI enabled.
         unsafe {
             let mask = _mm512_set1_epi8(0x0F);
@@ -239,7 +248,7 @@ impl Rows4Format for Q4K {
                 _mm512_and_si512(_mm512_srli_epi16::<4>(w1), mask),
             ];
             let sc = lane_to_all(scales, r);
-            scaled_dots(&u, t, _mm512_shuffle_epi8(sc, k.q4_scales[0]), _mm512_shuffle_epi8(sc, k.q4_scales[1]))
+            Row { u, s01: _mm512_shuffle_epi8(sc, k.q4_scales[0]), s23: _mm512_shuffle_epi8(sc, k.q4_scales[1]) }
         }
     }
 }
@@ -300,7 +309,7 @@ impl Rows4Format for Q6K {
     }
 
     #[inline(always)]
-    unsafe fn row(wb: *const u8, _scales: __m512i, _r: usize, t: &Token, k: &Controls) -> __m512i {
+    unsafe fn row(wb: *const u8, _scales: __m512i, _r: usize, k: &Controls) -> Row {
         // SAFETY: wb is a whole super-block; AVX-512 VNNI enabled.
         unsafe {
             let (a, b) = q6_half(wb, 0);
@@ -308,7 +317,7 @@ impl Rows4Format for Q6K {
             let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192) as *const __m128i)));
             let s01 = _mm512_permutexvar_epi16(k.q6_scales[0], sc);
             let s23 = _mm512_permutexvar_epi16(k.q6_scales[1], sc);
-            scaled_dots(&[a, b, c, d], t, s01, s23)
+            Row { u: [a, b, c, d], s01, s23 }
         }
     }
 }
@@ -354,16 +363,17 @@ fn prefetch_l2(p: *const u8, bytes: usize) {
     }
 }
 
-/// Four rows against one token over `n` super-blocks, prefetching the same
-/// offsets of rows further on.
+/// Four rows against `T` tokens over `n` super-blocks (each row's
+/// super-block unpacked once for all of them), prefetching the same offsets
+/// of rows further on. `out[t][r]` is row r · token t.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows4<F: Rows4Format>(w: [&[u8]; 4], x: &[Q8KBlock], n: usize) -> [f32; 4] {
-    let mut acc = _mm_setzero_ps();
+unsafe fn rows4<F: Rows4Format, const T: usize>(w: [&[u8]; 4], x: [&[Q8KBlock]; T], n: usize) -> [[f32; 4]; T] {
+    let mut acc = [_mm_setzero_ps(); T];
     let row_len = w[0].len();
     let ahead = w[0].as_ptr().wrapping_add(PREFETCH_ROWS_AHEAD * row_len);
     // SAFETY: AVX-512 enabled by this function's attribute.
     let k = unsafe { Controls::new() };
-    for (b, xb) in x.iter().enumerate().take(n) {
+    for b in 0..n {
         for r in 0..4 {
             prefetch_l2(ahead.wrapping_add(r * row_len + b * F::BYTES), F::BYTES);
         }
@@ -372,37 +382,77 @@ unsafe fn rows4<F: Rows4Format>(w: [&[u8]; 4], x: &[Q8KBlock], n: usize) -> [f32
         // SAFETY: every wb[r] is one whole super-block (bounds-checked slices);
         // the features are enabled by this function's attribute.
         unsafe {
-            let t = F::token(xb);
             let (scales, d) = F::header(&wb, &k);
-            let sums = [F::row(wb[0], scales, 0, &t, &k), F::row(wb[1], scales, 1, &t, &k), F::row(wb[2], scales, 2, &t, &k), F::row(wb[3], scales, 3, &t, &k)];
-            let mins = if F::MINS { _mm512_madd_epi16(_mm512_shuffle_epi8(scales, k.q4_mins), t.pairs) } else { _mm512_setzero_si512() };
-            let both = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(k.gather, reduce4(&sums, mins))));
-            let f = _mm256_mul_ps(_mm256_set1_ps(t.d), d);
-            acc = _mm_fmadd_ps(_mm256_castps256_ps128(f), _mm256_castps256_ps128(both), acc);
-            if F::MINS {
-                acc = _mm_fnmadd_ps(_mm256_extractf128_ps::<1>(f), _mm256_extractf128_ps::<1>(both), acc);
+            let rows = [F::row(wb[0], scales, 0, &k), F::row(wb[1], scales, 1, &k), F::row(wb[2], scales, 2, &k), F::row(wb[3], scales, 3, &k)];
+            let mins16 = if F::MINS { _mm512_shuffle_epi8(scales, k.q4_mins) } else { _mm512_setzero_si512() };
+            for (acc, x) in acc.iter_mut().zip(&x) {
+                let t = F::token(&x[b]);
+                let sums = [scaled_dots(&rows[0], &t), scaled_dots(&rows[1], &t), scaled_dots(&rows[2], &t), scaled_dots(&rows[3], &t)];
+                let mins = if F::MINS { _mm512_madd_epi16(mins16, t.pairs) } else { _mm512_setzero_si512() };
+                let both = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(k.gather, reduce4(&sums, mins))));
+                let f = _mm256_mul_ps(_mm256_set1_ps(t.d), d);
+                *acc = _mm_fmadd_ps(_mm256_castps256_ps128(f), _mm256_castps256_ps128(both), *acc);
+                if F::MINS {
+                    *acc = _mm_fnmadd_ps(_mm256_extractf128_ps::<1>(f), _mm256_extractf128_ps::<1>(both), *acc);
+                }
             }
         }
     }
-    let mut out = [0f32; 4];
-    // SAFETY: out holds 4 floats.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+    let mut out = [[0f32; 4]; T];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: o holds 4 floats.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), a) };
+    }
     out
 }
 
-/// Four Q4_K rows · one token.
-pub fn rows4_q4_k(w: [&[u8]; 4], x: &[Q8KBlock]) -> [f32; 4] {
-    let n = w.iter().fold(x.len(), |n, r| n.min(r.len() / Q4K_BYTES));
+/// The most tokens one call of [`rows4_tokens_q4_k`] / [`rows4_tokens_q6_k`] takes.
+pub const MAX_TOKENS: usize = 8;
+
+/// `out[t] = rows · token t` for `T` tokens of `nb` super-blocks each in `x`.
+#[inline(always)]
+fn tokens<F: Rows4Format, const T: usize>(w: [&[u8]; 4], x: &[Q8KBlock], nb: usize, out: &mut [[f32; 4]]) {
+    let n = w.iter().fold(nb, |n, r| n.min(r.len() / F::BYTES));
+    let xs: [&[Q8KBlock]; T] = std::array::from_fn(|t| x.get(t * nb..(t + 1) * nb).unwrap_or(&[]));
+    let n = xs.iter().fold(n, |n, x| n.min(x.len()));
     // SAFETY: chosen only where `available()` holds.
-    unsafe { rows4::<Q4K>(w, x, n) }
+    let res = unsafe { rows4::<F, T>(w, xs, n) };
+    for (o, r) in out.iter_mut().zip(res) {
+        *o = r;
+    }
 }
 
-/// Four Q6_K rows · one token.
-pub fn rows4_q6_k(w: [&[u8]; 4], x: &[Q8KBlock]) -> [f32; 4] {
-    let n = w.iter().fold(x.len(), |n, r| n.min(r.len() / Q6K_BYTES));
-    // SAFETY: chosen only where `available()` holds.
-    unsafe { rows4::<Q6K>(w, x, n) }
+macro_rules! entries {
+    ($rows4:ident, $many:ident, $fmt:ty, $name:literal) => {
+        #[doc = concat!("Four ", $name, " rows · one token.")]
+        pub fn $rows4(w: [&[u8]; 4], x: &[Q8KBlock]) -> [f32; 4] {
+            let mut out = [[0f32; 4]; 1];
+            tokens::<$fmt, 1>(w, x, x.len(), &mut out);
+            out[0]
+        }
+
+        #[doc = concat!("Four ", $name, " rows · `out.len()` tokens (at most [`MAX_TOKENS`]) of `nb` super-blocks each, one after another in `x`: `out[t][r]`.")]
+        pub fn $many(w: [&[u8]; 4], x: &[Q8KBlock], nb: usize, out: &mut [[f32; 4]]) {
+            match out.len() {
+                0 => {}
+                1 => tokens::<$fmt, 1>(w, x, nb, out),
+                2 => tokens::<$fmt, 2>(w, x, nb, out),
+                3 => tokens::<$fmt, 3>(w, x, nb, out),
+                4 => tokens::<$fmt, 4>(w, x, nb, out),
+                5 => tokens::<$fmt, 5>(w, x, nb, out),
+                6 => tokens::<$fmt, 6>(w, x, nb, out),
+                7 => tokens::<$fmt, 7>(w, x, nb, out),
+                _ => {
+                    let (head, tail) = out.split_at_mut(MAX_TOKENS);
+                    tokens::<$fmt, MAX_TOKENS>(w, x, nb, head);
+                    $many(w, x.get(MAX_TOKENS * nb..).unwrap_or(&[]), nb, tail);
+                }
+            }
+        }
+    };
 }
+entries!(rows4_q4_k, rows4_tokens_q4_k, Q4K, "Q4_K");
+entries!(rows4_q6_k, rows4_tokens_q6_k, Q6K, "Q6_K");
 
 #[cfg(test)]
 mod tests {
@@ -449,6 +499,54 @@ mod tests {
                 let four = rows4([&rows[0], &rows[1], &rows[2], &rows[3]], &x);
                 for (r, row) in rows.iter().enumerate() {
                     assert_eq!(four[r].to_bits(), scalar(row, &x).to_bits(), "{dtype:?} row {r}, activations {q}");
+                }
+            }
+        }
+    }
+
+    fn lcg(seed: &mut u64) -> u32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (*seed >> 33) as u32
+    }
+
+    /// Rows · 1 to 11 tokens in one call (past `MAX_TOKENS`, which splits)
+    /// equal the scalar kernel token by token, bit for bit.
+    #[test]
+    fn many_tokens_equal_the_scalar_kernels_bit_for_bit() {
+        if !available() {
+            eprintln!("no AVX-512 VNNI here; the AVX2 and scalar kernels are tested instead");
+            return;
+        }
+        let mut seed = 3u64;
+        let nb = 4;
+        type Many = fn([&[u8]; 4], &[Q8KBlock], usize, &mut [[f32; 4]]);
+        for (dtype, many) in [(GgmlType::Q4K, rows4_tokens_q4_k as Many), (GgmlType::Q6K, rows4_tokens_q6_k)] {
+            let ts = dtype.type_size();
+            let scalar = scalar_kdot_kernels(dtype).expect("scalar kernels").one;
+            let rows: Vec<Vec<u8>> = (0..4)
+                .map(|_| {
+                    let mut w: Vec<u8> = (0..nb * ts).map(|_| lcg(&mut seed) as u8).collect();
+                    for b in w.chunks_exact_mut(ts) {
+                        let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
+                        b[at..at + 2].copy_from_slice(&half::f16::from_f32(0.003).to_bits().to_le_bytes());
+                        if dtype == GgmlType::Q4K {
+                            b[2..4].copy_from_slice(&half::f16::from_f32(0.002).to_bits().to_le_bytes());
+                        }
+                    }
+                    w
+                })
+                .collect();
+            for tokens in 1..=11 {
+                let x: Vec<f32> = (0..tokens * nb * 256).map(|_| (lcg(&mut seed) % 2001) as f32 / 400.0 - 2.5).collect();
+                let mut xq = vec![Q8KBlock::default(); tokens * nb];
+                crate::quant::kquant::quantize_row_q8k(&x, &mut xq);
+                let mut out = vec![[0f32; 4]; tokens];
+                many([&rows[0], &rows[1], &rows[2], &rows[3]], &xq, nb, &mut out);
+                for (t, lanes) in out.iter().enumerate() {
+                    for (r, row) in rows.iter().enumerate() {
+                        let want = scalar(row, &xq[t * nb..(t + 1) * nb]);
+                        assert_eq!(lanes[r].to_bits(), want.to_bits(), "{dtype:?}, {tokens} tokens: token {t}, row {r}");
+                    }
                 }
             }
         }
