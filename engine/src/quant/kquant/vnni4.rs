@@ -1,5 +1,7 @@
-//! AVX-512 VNNI decode kernels for four Q4_K or Q6_K rows against one token,
-//! with the per-row work cut down to unpacking, `vpdpbusd` and `vpdpwssd`.
+//! AVX-512 VNNI decode kernels for four Q4_K or Q6_K rows against one token
+//! or a few (batched decode: each row's super-block is unpacked once for all
+//! of them), with the per-row work cut down to unpacking, `vpdpbusd` and
+//! `vpdpwssd`.
 //!
 //! Per row and super-block: the values are unpacked into four registers in
 //! the order they lie in memory (the token's activations are permuted once to
