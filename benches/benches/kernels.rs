@@ -143,42 +143,65 @@ fn bench_kquant_decode(c: &mut Criterion) {
     }
 }
 
-/// Batched decode: 4 tokens through 256 MiB of K-quant rows, with the kernel
-/// that unpacks four rows once for all tokens and with the one-row ·
-/// four-token kernel; throughput in weight bytes.
+/// Batched decode: 4, 8 and 16 tokens through 256 MiB of K-quant rows, with
+/// the kernel that unpacks four rows once for up to 8 tokens, with the
+/// one-row four-token kernel (4 tokens) and with the grouped GEMM (16-token
+/// lanes, padded for 8); throughput in weight bytes.
 fn bench_kquant_decode_batch(c: &mut Criterion) {
-    let mut group = c.benchmark_group("kquant_decode_4tok_256MiB");
-    group.sample_size(10);
     let cols = 1536;
     let nb = cols / 256;
-    for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
-        let Some(k) = kdot_kernels(dtype) else { continue };
-        let row_bytes = nb * dtype.type_size();
-        let rows = (256 << 20) / row_bytes / 4 * 4;
-        let weights = kquant_rows(dtype, rows, cols);
-        let xq = quantize_k(4, cols);
-        group.throughput(Throughput::Bytes(weights.len() as u64));
-        if let Some(many) = k.rows4_tokens {
-            group.bench_function(format!("{dtype:?}/rows4_tokens"), |b| {
-                b.iter(|| {
-                    let mut out = [[0f32; 4]; 4];
-                    let mut acc = 0f32;
-                    for four in weights.chunks_exact(4 * row_bytes) {
-                        let (a, rest) = four.split_at(row_bytes);
-                        let (b2, rest) = rest.split_at(row_bytes);
-                        let (c2, d) = rest.split_at(row_bytes);
-                        many([a, b2, c2, d], black_box(&xq), nb, &mut out);
-                        acc += out[3][0];
-                    }
-                    acc
-                })
+    for tokens in [4usize, 8, 16] {
+        let mut group = c.benchmark_group(format!("kquant_decode_{tokens}tok_256MiB"));
+        group.sample_size(10);
+        for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+            let Some(k) = kdot_kernels(dtype) else { continue };
+            let row_bytes = nb * dtype.type_size();
+            let rows = (256 << 20) / row_bytes / 4 * 4;
+            let weights = kquant_rows(dtype, rows, cols);
+            let xq = quantize_k(tokens, cols);
+            let fours = || weights.chunks_exact(4 * row_bytes).map(|four| {
+                let (a, rest) = four.split_at(row_bytes);
+                let (b2, rest) = rest.split_at(row_bytes);
+                let (c2, d) = rest.split_at(row_bytes);
+                [a, b2, c2, d]
             });
+            group.throughput(Throughput::Bytes(weights.len() as u64));
+            if let Some(many) = k.rows4_tokens {
+                group.bench_function(format!("{dtype:?}/rows4_tokens"), |b| {
+                    b.iter(|| {
+                        let mut out = [[0f32; 4]; 8];
+                        let mut acc = 0f32;
+                        for w in fours() {
+                            for first in (0..tokens).step_by(8) {
+                                let count = (tokens - first).min(8);
+                                many(w, black_box(&xq[first * nb..(first + count) * nb]), nb, &mut out[..count]);
+                                acc += out[0][0];
+                            }
+                        }
+                        acc
+                    })
+                });
+            }
+            if tokens == 4 {
+                group.bench_function(format!("{dtype:?}/four"), |b| {
+                    b.iter(|| weights.chunks_exact(row_bytes).map(|w| (k.four)(w, black_box(&xq), nb)[3]).sum::<f32>())
+                });
+            }
+            if let Some(g) = kgemm_kernels(dtype).filter(|_| tokens >= 8) {
+                let groups = interleave_k(&xq, tokens, nb);
+                let mut out = vec![[[0f32; GROUP]; 4]; tokens.div_ceil(GROUP)];
+                group.bench_function(format!("{dtype:?}/grouped"), |b| {
+                    b.iter(|| {
+                        for w in fours() {
+                            (g.rows4)(w, black_box(&groups), nb, &mut out);
+                        }
+                        out[0][0][0]
+                    })
+                });
+            }
         }
-        group.bench_function(format!("{dtype:?}/four"), |b| {
-            b.iter(|| weights.chunks_exact(row_bytes).map(|w| (k.four)(w, black_box(&xq), nb)[3]).sum::<f32>())
-        });
+        group.finish();
     }
-    group.finish();
 }
 
 /// Prefill: 64 tokens (4 groups of 16) through Qwen2.5-1.5B-shaped layers.

@@ -374,6 +374,19 @@ struct QuantizedInput {
 /// Batches at least this large use the grouped (token-lane) kernel.
 const GROUPED_MIN_TOKENS: usize = 8;
 
+/// The same for K-quant layers: where the four-row multi-token kernel exists
+/// it is faster below 16 tokens (`cargo bench --bench kernels --
+/// 'kquant_decode_(8|16)tok'`, AMD EPYC VM, 1 thread: at 8 tokens Q4_K 4.1
+/// against 2.0 GiB/s of weights, Q6_K 5.9 against 2.5; at 16 about even,
+/// Q4_K 2.3 against 2.5, Q6_K 3.1 against 2.4).
+fn kgrouped_min_tokens() -> usize {
+    if kdot_kernels(GgmlType::Q4K).is_some_and(|k| k.rows4_tokens.is_some()) {
+        16
+    } else {
+        GROUPED_MIN_TOKENS
+    }
+}
+
 impl QuantizedInput {
     fn new(x: &[f32], n: usize, cols: usize, q8: bool, q8k: bool) -> Self {
         let mut input = Self::default();
@@ -389,7 +402,7 @@ impl QuantizedInput {
             let nb = cols / QK_K;
             input.krows = vec![Q8KBlock::default(); n * nb];
             per_token(x, cols, &mut input.krows, nb, quantize_row_q8k);
-            if n >= GROUPED_MIN_TOKENS && kgemm_kernels(GgmlType::Q4K).is_some() {
+            if n >= kgrouped_min_tokens() && kgemm_kernels(GgmlType::Q4K).is_some() {
                 input.kgroups = interleave_k(&input.krows, n, nb);
             }
         }
