@@ -207,8 +207,8 @@ impl Linear {
                     }
                 }
             }
-            WeightData::Blocks { bytes, row_bytes, kgemm: Some(gemm), .. }
-                if precision == MatmulPrecision::Fast && !xq.kgroups.is_empty() =>
+            WeightData::Blocks { bytes, row_bytes, kgemm: Some(gemm), kquant, .. }
+                if precision == MatmulPrecision::Fast && !xq.kgroups.is_empty() && !prefers_rows4_tokens(kquant, n) =>
             {
                 let nb = cols / QK_K;
                 let groups = n.div_ceil(GROUP);
@@ -374,17 +374,14 @@ struct QuantizedInput {
 /// Batches at least this large use the grouped (token-lane) kernel.
 const GROUPED_MIN_TOKENS: usize = 8;
 
-/// The same for K-quant layers: where the four-row multi-token kernel exists
-/// it is faster below 16 tokens (`cargo bench --bench kernels --
-/// 'kquant_decode_(8|16)tok'`, AMD EPYC VM, 1 thread: at 8 tokens Q4_K 4.1
-/// against 2.0 GiB/s of weights, Q6_K 5.9 against 2.5; at 16 about even,
-/// Q4_K 2.3 against 2.5, Q6_K 3.1 against 2.4).
-fn kgrouped_min_tokens() -> usize {
-    if kdot_kernels(GgmlType::Q4K).is_some_and(|k| k.rows4_tokens.is_some()) {
-        16
-    } else {
-        GROUPED_MIN_TOKENS
-    }
+/// Whether a K-quant layer takes a batch of `n` tokens with its four-row
+/// multi-token kernel rather than the grouped GEMM: where it has one, below
+/// 16 tokens (`cargo bench --bench kernels -- 'kquant_decode_(8|16)tok'`,
+/// AMD EPYC VM, 1 thread: at 8 tokens Q4_K 4.1 against 2.0 GiB/s of
+/// weights, Q6_K 5.9 against 2.5; at 16 about even, Q4_K 2.3 against 2.5,
+/// Q6_K 3.1 against 2.4). Types without one (Q5_K) keep the GEMM from 8.
+fn prefers_rows4_tokens(kernels: &Option<KDotKernels>, n: usize) -> bool {
+    n < 16 && kernels.is_some_and(|k| k.rows4_tokens.is_some())
 }
 
 impl QuantizedInput {
@@ -402,7 +399,7 @@ impl QuantizedInput {
             let nb = cols / QK_K;
             input.krows = vec![Q8KBlock::default(); n * nb];
             per_token(x, cols, &mut input.krows, nb, quantize_row_q8k);
-            if n >= kgrouped_min_tokens() && kgemm_kernels(GgmlType::Q4K).is_some() {
+            if n >= GROUPED_MIN_TOKENS && kgemm_kernels(GgmlType::Q4K).is_some() {
                 input.kgroups = interleave_k(&input.krows, n, nb);
             }
         }
@@ -507,6 +504,17 @@ fn row_chunk(rows: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_kquant_types_with_the_multi_token_kernel_skip_the_gemm_below_16_tokens() {
+        assert!(!prefers_rows4_tokens(&kdot_kernels(GgmlType::Q5K), 8), "Q5_K has no multi-token kernel: grouped GEMM from 8");
+        assert!(!prefers_rows4_tokens(&None, 8));
+        let q4k = kdot_kernels(GgmlType::Q4K);
+        assert!(!prefers_rows4_tokens(&q4k, 16), "from 16 tokens the grouped GEMM");
+        let has_many = q4k.is_some_and(|k| k.rows4_tokens.is_some());
+        assert_eq!(prefers_rows4_tokens(&q4k, 8), has_many);
+        assert_eq!(prefers_rows4_tokens(&q4k, 15), has_many);
+    }
 
     #[test]
     fn f32_matmul_with_bias() {
