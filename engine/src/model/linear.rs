@@ -567,7 +567,7 @@ mod tests {
                     out
                 })
                 .collect();
-            for batch in [2, 3, 4, 7, 8, 16, 21, 37] {
+            for batch in [2, 3, 4, 7, 8, 9, 12, 15, 16, 21, 37] {
                 let mut out = vec![0f32; batch * rows];
                 layer.forward(&x[..batch * cols], batch, &mut out, MatmulPrecision::Fast).expect("forward");
                 for t in 0..batch {

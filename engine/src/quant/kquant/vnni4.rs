@@ -29,7 +29,9 @@ pub fn available() -> bool {
 struct Token {
     /// The activations, in the order of the unpacked weight registers.
     q: [__m512i; 4],
-    /// Start of each `vpdpbusd` accumulator (Q6_K: `-32·Σ` of its 4 activations).
+    /// Start of each `vpdpbusd` accumulator (Q6_K: `-32·Σ` of its 4
+    /// activations, computed from `qs`; the scalar kernels use `bsums`, which
+    /// [`super::quantize_row_q8k`] makes equal).
     start: [__m512i; 4],
     /// Q4_K: the 8 sums of 32 activations as i16, in every 128-bit lane.
     pairs: __m512i,
@@ -345,6 +347,27 @@ unsafe fn reduce4(t: &[__m512i; 4], mins: __m512i) -> __m512i {
     }
 }
 
+/// One token against the four unpacked rows of a super-block, folded into
+/// `acc` (lane r: row r) as the scalar kernels fold: `fma(d_x·d, isum, acc)`,
+/// then for Q4_K `fma(-(d_x·dmin), msum, acc)`. `mins16` holds the rows'
+/// mins as i16 (lane r), `d` the rows' (d, dmin).
+#[inline(always)]
+unsafe fn fold_token<F: Rows4Format>(rows: &[Row; 4], mins16: __m512i, d: __m256, t: &Token, k: &Controls, acc: __m128) -> __m128 {
+    // SAFETY: AVX-512 VNNI/VL, FMA enabled in every caller.
+    unsafe {
+        let sums = [scaled_dots(&rows[0], t), scaled_dots(&rows[1], t), scaled_dots(&rows[2], t), scaled_dots(&rows[3], t)];
+        let mins = if F::MINS { _mm512_madd_epi16(mins16, t.pairs) } else { _mm512_setzero_si512() };
+        let both = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(k.gather, reduce4(&sums, mins))));
+        let f = _mm256_mul_ps(_mm256_set1_ps(t.d), d);
+        let acc = _mm_fmadd_ps(_mm256_castps256_ps128(f), _mm256_castps256_ps128(both), acc);
+        if F::MINS {
+            _mm_fnmadd_ps(_mm256_extractf128_ps::<1>(f), _mm256_extractf128_ps::<1>(both), acc)
+        } else {
+            acc
+        }
+    }
+}
+
 /// How far ahead of the current four rows the same offsets are prefetched,
 /// in rows. The rows of a matrix lie one after another; a prefetch is a hint
 /// only, never dereferenced. Into L2 (`prefetcht1`), 16 rows ahead: on the
@@ -388,15 +411,7 @@ unsafe fn rows4<F: Rows4Format, const T: usize>(w: [&[u8]; 4], x: [&[Q8KBlock]; 
             let rows = [F::row(wb[0], scales, 0, &k), F::row(wb[1], scales, 1, &k), F::row(wb[2], scales, 2, &k), F::row(wb[3], scales, 3, &k)];
             let mins16 = if F::MINS { _mm512_shuffle_epi8(scales, k.q4_mins) } else { _mm512_setzero_si512() };
             for (acc, x) in acc.iter_mut().zip(&x) {
-                let t = F::token(&x[b]);
-                let sums = [scaled_dots(&rows[0], &t), scaled_dots(&rows[1], &t), scaled_dots(&rows[2], &t), scaled_dots(&rows[3], &t)];
-                let mins = if F::MINS { _mm512_madd_epi16(mins16, t.pairs) } else { _mm512_setzero_si512() };
-                let both = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(k.gather, reduce4(&sums, mins))));
-                let f = _mm256_mul_ps(_mm256_set1_ps(t.d), d);
-                *acc = _mm_fmadd_ps(_mm256_castps256_ps128(f), _mm256_castps256_ps128(both), *acc);
-                if F::MINS {
-                    *acc = _mm_fnmadd_ps(_mm256_extractf128_ps::<1>(f), _mm256_extractf128_ps::<1>(both), *acc);
-                }
+                *acc = fold_token::<F>(&rows, mins16, d, &F::token(&x[b]), &k, *acc);
             }
         }
     }
@@ -411,13 +426,19 @@ unsafe fn rows4<F: Rows4Format, const T: usize>(w: [&[u8]; 4], x: [&[Q8KBlock]; 
 /// The most tokens one call of [`rows4_tokens_q4_k`] / [`rows4_tokens_q6_k`] takes.
 pub const MAX_TOKENS: usize = 8;
 
-/// `out[t] = rows · token t` for `T` tokens of `nb` super-blocks each in `x`.
+/// `out[t] = rows · token t` for `T` tokens of `nb` super-blocks each in `x`
+/// (over the super-blocks every row holds; rows of one matrix are equally long).
+///
+/// # Panics
+/// If `x` holds fewer than `T · nb` blocks (a caller's shape error), or the
+/// CPU lacks these kernels.
 #[inline(always)]
 fn tokens<F: Rows4Format, const T: usize>(w: [&[u8]; 4], x: &[Q8KBlock], nb: usize, out: &mut [[f32; 4]]) {
+    assert!(available(), "four-row VNNI kernels called on a CPU without AVX-512 VNNI/VL");
+    assert!(x.len() >= T * nb, "four-row K-quant kernel: {} activation blocks for {T} tokens of {nb}", x.len());
     let n = w.iter().fold(nb, |n, r| n.min(r.len() / F::BYTES));
-    let xs: [&[Q8KBlock]; T] = std::array::from_fn(|t| x.get(t * nb..(t + 1) * nb).unwrap_or(&[]));
-    let n = xs.iter().fold(n, |n, x| n.min(x.len()));
-    // SAFETY: chosen only where `available()` holds.
+    let xs: [&[Q8KBlock]; T] = std::array::from_fn(|t| &x[t * nb..(t + 1) * nb]);
+    // SAFETY: the CPU features were just checked.
     let res = unsafe { rows4::<F, T>(w, xs, n) };
     for (o, r) in out.iter_mut().zip(res) {
         *o = r;
@@ -433,7 +454,7 @@ macro_rules! entries {
             out[0]
         }
 
-        #[doc = concat!("Four ", $name, " rows · `out.len()` tokens (at most [`MAX_TOKENS`]) of `nb` super-blocks each, one after another in `x`: `out[t][r]`.")]
+        #[doc = concat!("Four ", $name, " rows · `out.len()` tokens of `nb` super-blocks each, one after another in `x`: `out[t][r]` (calls of at most [`MAX_TOKENS`] tokens).")]
         pub fn $many(w: [&[u8]; 4], x: &[Q8KBlock], nb: usize, out: &mut [[f32; 4]]) {
             match out.len() {
                 0 => {}
@@ -529,10 +550,12 @@ mod tests {
                 .map(|_| {
                     let mut w: Vec<u8> = (0..nb * ts).map(|_| lcg(&mut seed) as u8).collect();
                     for b in w.chunks_exact_mut(ts) {
+                        // Finite d (and dmin) different in every row and block.
+                        let mut scale = || half::f16::from_f32(0.0005 + (lcg(&mut seed) % 64) as f32 / 8000.0).to_bits().to_le_bytes();
                         let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
-                        b[at..at + 2].copy_from_slice(&half::f16::from_f32(0.003).to_bits().to_le_bytes());
+                        b[at..at + 2].copy_from_slice(&scale());
                         if dtype == GgmlType::Q4K {
-                            b[2..4].copy_from_slice(&half::f16::from_f32(0.002).to_bits().to_le_bytes());
+                            b[2..4].copy_from_slice(&scale());
                         }
                     }
                     w
