@@ -179,6 +179,7 @@ fn check_call_ids(history: &[InputItem], input: &[InputItem]) -> Result<(), ApiE
 /// the text allows ([`crate::app::format::ledger`]); else the text is tokenized whole.
 fn render(state: &AppState, req: &ValidRequest, items: &[InputItem], exact: bool) -> Result<Vec<u32>, ApiError> {
     let text = tools::render_prompt(&state.model.template, req, items)?;
+    tracing::debug!(prompt = %text, "rendered the prompt");
     if !exact {
         return state.model.tokenizer.encode(&text, false).map_err(|e| ApiError::internal(format!("tokenizer: {e}")));
     }
