@@ -189,10 +189,8 @@ impl Linear {
                     while r + 4 <= rows.end {
                         for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
                             let out = rows4([row(r), row(r + 1), row(r + 2), row(r + 3)], xg);
-                            for (i, lanes) in out.iter().enumerate() {
-                                for (lane, v) in lanes.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
-                                    write.put(r + i, g * GROUP + lane, *v);
-                                }
+                            for lane in 0..GROUP.min(n.saturating_sub(g * GROUP)) {
+                                write.put4(r, g * GROUP + lane, [out[0][lane], out[1][lane], out[2][lane], out[3][lane]]);
                             }
                         }
                         r += 4;
@@ -223,8 +221,8 @@ impl Linear {
                 while r + 4 <= rows.end {
                     (gemm.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.kgroups, nb, &mut four);
                     for (g, out) in four.iter().enumerate() {
-                        for (i, lanes) in out.iter().enumerate() {
-                            emit(r + i, g, lanes);
+                        for lane in 0..GROUP.min(n.saturating_sub(g * GROUP)) {
+                            write.put4(r, g * GROUP + lane, [out[0][lane], out[1][lane], out[2][lane], out[3][lane]]);
                         }
                     }
                     r += 4;
@@ -493,6 +491,20 @@ impl Sink {
             unsafe { *self.ptr.get().add(t * self.rows + r) = v }
         }
     }
+
+    /// `out[t, r..r + 4] = v`: four rows' results for one token in one
+    /// store; out-of-range positions are ignored, as in [`Sink::put`].
+    #[inline(always)]
+    fn put4(&self, r: usize, t: usize, v: [f32; 4]) {
+        if r + 4 <= self.rows && t < self.tokens {
+            // SAFETY: in bounds as checked; rows r..r + 4 belong to this task.
+            unsafe { std::ptr::write_unaligned(self.ptr.get().add(t * self.rows + r) as *mut [f32; 4], v) }
+        } else {
+            for (i, x) in v.into_iter().enumerate() {
+                self.put(r + i, t, x);
+            }
+        }
+    }
 }
 
 fn row_chunk(rows: usize) -> usize {
@@ -504,6 +516,20 @@ fn row_chunk(rows: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn put4_writes_four_rows_of_one_token_and_clips_at_the_last_row() {
+        let (rows, tokens) = (6, 3);
+        let mut out = vec![0f32; rows * tokens];
+        let write = Sink { ptr: SendPtr(out.as_mut_ptr()), rows, tokens };
+        write.put4(1, 2, [1.0, 2.0, 3.0, 4.0]);
+        write.put4(4, 0, [5.0, 6.0, 7.0, 8.0]);
+        write.put4(0, 3, [9.0; 4]);
+        let mut want = vec![0f32; rows * tokens];
+        want[2 * rows + 1..2 * rows + 5].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        want[4..6].copy_from_slice(&[5.0, 6.0]);
+        assert_eq!(out, want);
+    }
 
     #[test]
     fn only_kquant_types_with_the_multi_token_kernel_skip_the_gemm_below_16_tokens() {
