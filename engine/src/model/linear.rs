@@ -189,9 +189,7 @@ impl Linear {
                     while r + 4 <= rows.end {
                         for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
                             let out = rows4([row(r), row(r + 1), row(r + 2), row(r + 3)], xg);
-                            for lane in 0..GROUP.min(n.saturating_sub(g * GROUP)) {
-                                write.put4(r, g * GROUP + lane, [out[0][lane], out[1][lane], out[2][lane], out[3][lane]]);
-                            }
+                            write.put_group4(r, g, &out, n);
                         }
                         r += 4;
                     }
@@ -221,9 +219,7 @@ impl Linear {
                 while r + 4 <= rows.end {
                     (gemm.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.kgroups, nb, &mut four);
                     for (g, out) in four.iter().enumerate() {
-                        for lane in 0..GROUP.min(n.saturating_sub(g * GROUP)) {
-                            write.put4(r, g * GROUP + lane, [out[0][lane], out[1][lane], out[2][lane], out[3][lane]]);
-                        }
+                        write.put_group4(r, g, out, n);
                     }
                     r += 4;
                 }
@@ -489,6 +485,16 @@ impl Sink {
             // SAFETY: in bounds of the job's `[tokens, rows]` output (checked in
             // `matmul_many` and just above); each row belongs to one task.
             unsafe { *self.ptr.get().add(t * self.rows + r) = v }
+        }
+    }
+
+    /// Rows `r..r + 4` of group `g` (tokens `16g..`, those below `n`), from
+    /// a grouped kernel's `out[row][lane]`, one store per token.
+    #[inline(always)]
+    fn put_group4(&self, r: usize, g: usize, out: &[[f32; GROUP]; 4], n: usize) {
+        let lanes = out[0].iter().zip(&out[1]).zip(out[2].iter().zip(&out[3]));
+        for (lane, ((a, b), (c, d))) in lanes.enumerate().take(n.saturating_sub(g * GROUP)) {
+            self.put4(r, g * GROUP + lane, [*a, *b, *c, *d]);
         }
     }
 
