@@ -1,9 +1,12 @@
 //! AVX-512 activation quantization: the same IEEE operations as the scalar
 //! [`super::dot::quantize_row_q8_scalar`] (max of |x|, one multiply by the
 //! reciprocal scale, truncate and step away from zero on halves, clamp), so
-//! the blocks are bit-identical, 16 lanes at a time.
+//! the blocks are bit-identical, 16 lanes at a time. The same for the
+//! K-quants' 256-value [`Q8KBlock`]s ([`quantize_row_k`]).
 
 use super::dot::{Q8Block, QK};
+use super::dequant::QK_K;
+use super::kquant::Q8KBlock;
 
 /// Whether this CPU can run [`quantize_row`].
 pub fn available() -> bool {
@@ -31,6 +34,47 @@ pub fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
 #[cfg(not(target_arch = "x86_64"))]
 pub fn quantize_row(_x: &[f32], _out: &mut [Q8Block]) {
     unreachable!("quantize_row without AVX-512")
+}
+
+/// Quantize `x` into K-quant activation blocks (as
+/// [`super::kquant::quantize_row_q8k_scalar`], bit for bit); the caller has
+/// checked [`available`].
+#[cfg(target_arch = "x86_64")]
+pub fn quantize_row_k(x: &[f32], out: &mut [Q8KBlock]) {
+    assert!(available(), "quantize_row_k needs AVX-512F/BW");
+    for (chunk, block) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        // SAFETY: AVX-512F/BW checked above; `chunk` holds exactly QK_K = 256 values.
+        unsafe { quantize_block_k(chunk, block) }
+    }
+}
+
+/// Never called off x86-64 ([`available`] is false there).
+#[cfg(not(target_arch = "x86_64"))]
+pub fn quantize_row_k(_x: &[f32], _out: &mut [Q8KBlock]) {
+    unreachable!("quantize_row_k without AVX-512")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_block_k(chunk: &[f32], block: &mut Q8KBlock) {
+    use std::arch::x86_64::*;
+    // SAFETY (whole body): chunk has 256 readable f32s, block.qs 256 writable bytes.
+    unsafe {
+        let mut amax = _mm512_setzero_ps();
+        for i in 0..QK_K / 16 {
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(chunk.as_ptr().add(16 * i))));
+        }
+        let d = _mm512_reduce_max_ps(amax).max(0.0) / 127.0;
+        let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        for (g, sum) in block.bsums.iter_mut().enumerate() {
+            let v = _mm512_loadu_ps(chunk.as_ptr().add(16 * g));
+            let q = round_half_away(_mm512_mul_ps(v, inv));
+            let q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+            _mm_storeu_si128(block.qs.as_mut_ptr().add(16 * g) as *mut __m128i, _mm512_cvtepi32_epi8(q));
+            *sum = _mm512_reduce_add_epi32(q) as i16;
+        }
+        block.d = d;
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -104,6 +148,36 @@ mod tests {
             quantize_row_q8_scalar(&x, &mut scalar);
             for (a, b) in simd.iter().zip(&scalar) {
                 assert_eq!((a.d.to_bits(), a.s.to_bits(), a.qsum, a.qs), (b.d.to_bits(), b.s.to_bits(), b.qsum, b.qs));
+            }
+        }
+    }
+
+    #[test]
+    fn k_blocks_match_the_scalar_quantizer_bit_for_bit() {
+        if !available() {
+            eprintln!("skipping: this CPU has no AVX-512F/BW");
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..500 {
+            let scale = [1e-6f32, 0.01, 1.0, 37.0, 1e4][case % 5];
+            let mut x: Vec<f32> = (0..2 * QK_K).map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale).collect();
+            x[5] = x[..QK_K].iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0 * 2.5;
+            if case % 7 == 0 {
+                x[QK_K..].fill(0.0);
+            }
+            let mut simd = vec![Q8KBlock::default(); 2];
+            let mut scalar = vec![Q8KBlock::default(); 2];
+            quantize_row_k(&x, &mut simd);
+            crate::quant::kquant::quantize_row_q8k_scalar(&x, &mut scalar);
+            for (a, b) in simd.iter().zip(&scalar) {
+                assert_eq!((a.d.to_bits(), a.bsums, a.qs), (b.d.to_bits(), b.bsums, b.qs));
             }
         }
     }

@@ -42,6 +42,16 @@ impl Default for Q8KBlock {
 /// `d = max|x| / 127`, `q = round(x / d)` (halves away from zero), as
 /// [`super::dot::quantize_row_q8_scalar`] does per 32.
 pub fn quantize_row_q8k(x: &[f32], out: &mut [Q8KBlock]) {
+    if crate::quant::quantize_avx512::available() {
+        crate::quant::quantize_avx512::quantize_row_k(x, out)
+    } else {
+        quantize_row_q8k_scalar(x, out)
+    }
+}
+
+/// [`quantize_row_q8k`] in portable code: the definition the SIMD version
+/// reproduces bit for bit.
+pub fn quantize_row_q8k_scalar(x: &[f32], out: &mut [Q8KBlock]) {
     for (chunk, block) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
