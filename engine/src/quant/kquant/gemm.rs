@@ -4,7 +4,8 @@
 //! of 16 tokens are interleaved ([`Q8KGroup`]) so that each i32 lane of a
 //! `vpdpbusd` accumulates one token, while 4 unsigned weight bytes are
 //! broadcast. Each run of `SUB` values (one integer scale) is multiplied by
-//! its scale in i32 (`vpmulld`), the mins and Q6_K's offset come from the
+//! its scale in i32 (`vpmulld`); Q6_K's −32 offset is each run's starting
+//! value (−32 times the run's activation sum), the mins come from the
 //! interleaved group sums, and the floats are folded per token exactly as the
 //! one-token kernels fold them, so every lane is bit-identical to
 //! [`super::KDotKernels::one`] for that token.
@@ -184,7 +185,20 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
 unsafe fn run_sums<F: Format, const R: usize, const G: usize>(rows: &[Unpacked; R], xg: [&Q8KGroup; G]) -> [[__m512i; R]; G] {
     let mut tot = [[_mm512_setzero_si512(); R]; G];
     for run in 0..QK_K / F::SUB {
+        // Q6_K stores u = q + 32: each run's sum starts at -32 · Σx over its
+        // 16 values (the group's bsum), so it ends as Σ (u - 32)·x.
+        let mut start = [_mm512_setzero_si512(); G];
+        if !F::MINS {
+            for (s, x) in start.iter_mut().zip(&xg) {
+                // SAFETY: run < 16 indexes bsums (64-byte aligned rows of 16 lanes).
+                let bsum = unsafe { _mm512_load_si512(x.bsums[run].as_ptr() as *const __m512i) };
+                *s = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bsum, 5));
+            }
+        }
         let mut isum = [[_mm512_setzero_si512(); R]; G];
+        for (sums, s) in isum.iter_mut().zip(start) {
+            *sums = [s; R];
+        }
         for k in run * F::SUB / 4..(run + 1) * F::SUB / 4 {
             // SAFETY: k < 64 indexes xg.qs (64-byte aligned rows of 16 lanes).
             let xv: [__m512i; G] = std::array::from_fn(|g| unsafe { _mm512_load_si512(xg[g].qs[k].as_ptr() as *const __m512i) });
@@ -218,25 +232,25 @@ unsafe fn fold<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &Q8KGroup, t
         let bsum: [__m512i; 16] = std::array::from_fn(|g| _mm512_load_si512(xg.bsums[g].as_ptr() as *const __m512i));
         (bsum, _mm512_load_ps(xg.d.as_ptr()))
     };
+    // Sums of the 32 values of each sub-block with a min (Q4_K/Q5_K).
+    let pairs: [__m512i; 8] = if F::MINS {
+        let mut p = [_mm512_setzero_si512(); 8];
+        for (j, v) in p.iter_mut().enumerate() {
+            *v = _mm512_add_epi32(bsum[2 * j], bsum[2 * j + 1]);
+        }
+        p
+    } else {
+        [_mm512_setzero_si512(); 8]
+    };
     for ((o, t), row) in out.iter_mut().zip(tot).zip(rows) {
         // SAFETY: o holds 16 floats.
         let mut acc = unsafe { _mm512_loadu_ps(o.as_ptr()) };
-        let isum = if F::MINS {
-            t
-        } else {
-            // Q6_K: minus 32 · Σ_g sc_g · bsum_g.
-            let mut off = _mm512_setzero_si512();
-            for (g, bs) in bsum.iter().enumerate() {
-                off = _mm512_add_epi32(off, _mm512_mullo_epi32(*bs, _mm512_set1_epi32(row.scales[g])));
-            }
-            _mm512_sub_epi32(t, _mm512_slli_epi32(off, 5))
-        };
-        acc = _mm512_fmadd_ps(_mm512_mul_ps(xd, _mm512_set1_ps(row.d.0)), _mm512_cvtepi32_ps(isum), acc);
+        // Q6_K's -32 offset is already in `t` (see `run_sums`).
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(xd, _mm512_set1_ps(row.d.0)), _mm512_cvtepi32_ps(t), acc);
         if F::MINS {
             let mut msum = _mm512_setzero_si512();
-            for (j, &m) in row.mins.iter().enumerate() {
-                let pair = _mm512_add_epi32(bsum[2 * j], bsum[2 * j + 1]);
-                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(pair, _mm512_set1_epi32(m as i32)));
+            for (pair, &m) in pairs.iter().zip(&row.mins) {
+                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(*pair, _mm512_set1_epi32(m as i32)));
             }
             let dmin = _mm512_mul_ps(xd, _mm512_set1_ps(row.d.1));
             let neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin), _mm512_set1_epi32(i32::MIN)));
