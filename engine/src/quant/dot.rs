@@ -42,7 +42,7 @@ pub fn quantize_row_q8_scalar(x: &[f32], out: &mut [Q8Block]) {
     for (chunk, block) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let inv = inverse_scale(d);
         let mut sum = 0i32;
         for (q, v) in block.qs.iter_mut().zip(chunk) {
             let r = round_half_away(v * inv).clamp(-127, 127);
@@ -52,6 +52,19 @@ pub fn quantize_row_q8_scalar(x: &[f32], out: &mut [Q8Block]) {
         block.d = d;
         block.s = d * sum as f32;
         block.qsum = sum;
+    }
+}
+
+/// `1 / d` for an activation block's scale `d`, or 0 where `d` is 0 or so
+/// small (below ~2.9e-39, from a block whose largest |x| is below ~3.7e-37)
+/// that the reciprocal overflows: such a block quantizes to zeros instead of
+/// to infinities.
+pub(crate) fn inverse_scale(d: f32) -> f32 {
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    if inv.is_finite() {
+        inv
+    } else {
+        0.0
     }
 }
 

@@ -65,7 +65,7 @@ unsafe fn quantize_block_k(chunk: &[f32], block: &mut Q8KBlock) {
             amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(chunk.as_ptr().add(16 * i))));
         }
         let d = _mm512_reduce_max_ps(amax).max(0.0) / 127.0;
-        let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let inv = _mm512_set1_ps(super::dot::inverse_scale(d));
         for (g, sum) in block.bsums.iter_mut().enumerate() {
             let v = _mm512_loadu_ps(chunk.as_ptr().add(16 * g));
             let q = round_half_away(_mm512_mul_ps(v, inv));
@@ -87,7 +87,7 @@ unsafe fn quantize_block(chunk: &[f32], block: &mut Q8Block) {
         let hi = _mm512_loadu_ps(chunk.as_ptr().add(16));
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi))).max(0.0);
         let d = amax / 127.0;
-        let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let inv = _mm512_set1_ps(super::dot::inverse_scale(d));
         let mut sum = _mm512_setzero_si512();
         for (half, v) in [lo, hi].into_iter().enumerate() {
             let q = round_half_away(_mm512_mul_ps(v, inv));
@@ -142,6 +142,10 @@ mod tests {
             if case % 7 == 0 {
                 x[QK..2 * QK].fill(0.0);
             }
+            if case % 11 == 0 {
+                x[2 * QK..3 * QK].fill(0.0);
+                x[2 * QK + 9] = -1e-38;
+            }
             let mut simd = vec![Q8Block::default(); 4];
             let mut scalar = vec![Q8Block::default(); 4];
             quantize_row(&x, &mut simd);
@@ -171,6 +175,11 @@ mod tests {
             x[5] = x[..QK_K].iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0 * 2.5;
             if case % 7 == 0 {
                 x[QK_K..].fill(0.0);
+            }
+            if case % 11 == 0 {
+                // A block so small that 1/d overflows: zeros, not infinities.
+                x[QK_K..].fill(0.0);
+                x[QK_K + 9] = 1e-38;
             }
             let mut simd = vec![Q8KBlock::default(); 2];
             let mut scalar = vec![Q8KBlock::default(); 2];

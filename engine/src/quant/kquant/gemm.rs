@@ -285,7 +285,7 @@ mod tests {
             return;
         }
         let mut seed = 41u64;
-        let (nb, n) = (3, 21);
+        let (nb, n) = (3, 37); // three groups: a pair, then the single-group path
         let x: Vec<f32> = (0..n * nb * QK_K).map(|_| (lcg(&mut seed) % 3001) as f32 / 600.0 - 2.5).collect();
         let mut xq = vec![Q8KBlock::default(); n * nb];
         quantize_row_q8k(&x, &mut xq);

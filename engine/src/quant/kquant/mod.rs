@@ -55,7 +55,7 @@ pub fn quantize_row_q8k_scalar(x: &[f32], out: &mut [Q8KBlock]) {
     for (chunk, block) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let inv = crate::quant::dot::inverse_scale(d);
         for (q, v) in block.qs.iter_mut().zip(chunk) {
             *q = round_half_away(v * inv).clamp(-127, 127) as i8;
         }
@@ -276,6 +276,20 @@ mod vnni4;
 mod tests {
     use super::*;
     use crate::quant::dequant::dequantize;
+
+    #[test]
+    fn blocks_too_small_for_a_finite_inverse_scale_quantize_to_zeros() {
+        for tiny in [1e-38f32, -1e-38, 3e-37] {
+            let mut x = vec![0f32; QK_K];
+            x[9] = tiny;
+            let mut k = [Q8KBlock::default()];
+            quantize_row_q8k_scalar(&x, &mut k);
+            assert!(k[0].qs.iter().all(|&q| q == 0), "{tiny}: {:?}", &k[0].qs[..16]);
+            let mut q8 = [crate::quant::dot::Q8Block::default(); QK_K / 32];
+            crate::quant::dot::quantize_row_q8_scalar(&x, &mut q8);
+            assert!(q8.iter().all(|b| b.qs.iter().all(|&q| q == 0) && b.qsum == 0), "{tiny}");
+        }
+    }
 
     fn lcg(seed: &mut u64) -> u32 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
