@@ -26,13 +26,16 @@ pub struct Q8KGroup {
     pub qs: [[[i8; 4]; GROUP]; QK_K / 4],
     /// `bsums[g][t]`: the sum of token `t`'s values `16g..16g+16`.
     pub bsums: [[i32; GROUP]; 16],
+    /// `pairs[p][t]`: the sums of token `t`'s 32-value sub-blocks `2p` (low
+    /// i16) and `2p + 1` (high i16), for the mins (`vpdpwssd`).
+    pub pairs: [[i32; GROUP]; 4],
     /// Scales per token.
     pub d: [f32; GROUP],
 }
 
 impl Default for Q8KGroup {
     fn default() -> Self {
-        Self { qs: [[[0; 4]; GROUP]; QK_K / 4], bsums: [[0; GROUP]; 16], d: [0.0; GROUP] }
+        Self { qs: [[[0; 4]; GROUP]; QK_K / 4], bsums: [[0; GROUP]; 16], pairs: [[0; GROUP]; 4], d: [0.0; GROUP] }
     }
 }
 
@@ -50,9 +53,22 @@ pub fn interleave_k(xq: &[Q8KBlock], n: usize, nb: usize) -> Vec<Q8KGroup> {
             for (s, sums) in src.bsums.iter().zip(dst.bsums.iter_mut()) {
                 sums[lane] = *s as i32;
             }
+            for (p, pair) in dst.pairs.iter_mut().enumerate() {
+                pair[lane] = pack_i16(sub_block_sum(&src.bsums, 2 * p), sub_block_sum(&src.bsums, 2 * p + 1));
+            }
         }
     });
     out
+}
+
+/// The sum of 32-value sub-block `j` (|·| <= 32 * 128, an i16).
+fn sub_block_sum(bsums: &[i16; 16], j: usize) -> i16 {
+    bsums[2 * j] + bsums[2 * j + 1]
+}
+
+/// `lo` in the low 16 bits, `hi` in the high 16 (one `vpdpwssd` lane).
+fn pack_i16(lo: i16, hi: i16) -> i32 {
+    (lo as u16 as u32 | (hi as u16 as u32) << 16) as i32
 }
 
 /// Four weight rows times every group of 16 tokens: `x` holds the groups
@@ -121,13 +137,14 @@ fn check(w: &[&[u8]], x: &[Q8KGroup], nb: usize, groups: usize, bytes: usize) {
 }
 
 /// One row's super-block, unpacked: 256 unsigned values, the integer scale
-/// of each run of `SUB` values, the mins, d and dmin.
+/// of each run of `SUB` values, the mins (packed in i16 pairs, as
+/// [`Q8KGroup::pairs`]), d and dmin.
 #[cfg(target_arch = "x86_64")]
 #[repr(C, align(32))]
 struct Unpacked {
     u: [u8; QK_K],
     scales: [i32; 16],
-    mins: [u8; 8],
+    mins: [i32; 4],
     d: (f32, f32),
 }
 
@@ -139,7 +156,7 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
         *o = [[0.0; GROUP]; R];
     }
     let mut rows: [Unpacked; R] =
-        std::array::from_fn(|_| Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 8], d: (0.0, 0.0) });
+        std::array::from_fn(|_| Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 4], d: (0.0, 0.0) });
     for b in 0..nb {
         for (row, wr) in rows.iter_mut().zip(&w) {
             let wb = &wr[b * F::BYTES..(b + 1) * F::BYTES];
@@ -150,7 +167,9 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
                 }
                 row.d = F::d(wb.as_ptr());
             }
-            (row.scales, row.mins) = F::int_scales(wb);
+            let mins;
+            (row.scales, mins) = F::int_scales(wb);
+            row.mins = std::array::from_fn(|p| pack_i16(mins[2 * p] as i16, mins[2 * p + 1] as i16));
         }
         // Two groups at a time share each broadcast weight word.
         let done = out.len() / 2 * 2;
@@ -227,20 +246,14 @@ unsafe fn run_sums<F: Format, const R: usize, const G: usize>(rows: &[Unpacked; 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn fold<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &Q8KGroup, tot: [__m512i; R], out: &mut [[f32; GROUP]; R]) {
-    // SAFETY: xg.bsums and xg.d are 64-byte aligned arrays of 16 lanes.
-    let (bsum, xd) = unsafe {
-        let bsum: [__m512i; 16] = std::array::from_fn(|g| _mm512_load_si512(xg.bsums[g].as_ptr() as *const __m512i));
-        (bsum, _mm512_load_ps(xg.d.as_ptr()))
-    };
-    // Sums of the 32 values of each sub-block with a min (Q4_K/Q5_K).
-    let pairs: [__m512i; 8] = if F::MINS {
-        let mut p = [_mm512_setzero_si512(); 8];
-        for (j, v) in p.iter_mut().enumerate() {
-            *v = _mm512_add_epi32(bsum[2 * j], bsum[2 * j + 1]);
-        }
-        p
+    // SAFETY: xg.d is a 64-byte aligned array of 16 lanes.
+    let xd = unsafe { _mm512_load_ps(xg.d.as_ptr()) };
+    // The sub-block sums of the mins (Q4_K/Q5_K), two per i32 lane.
+    let pairs: [__m512i; 4] = if F::MINS {
+        // SAFETY: xg.pairs rows are 64-byte aligned arrays of 16 lanes.
+        std::array::from_fn(|p| unsafe { _mm512_load_si512(xg.pairs[p].as_ptr() as *const __m512i) })
     } else {
-        [_mm512_setzero_si512(); 8]
+        [_mm512_setzero_si512(); 4]
     };
     for ((o, t), row) in out.iter_mut().zip(tot).zip(rows) {
         // SAFETY: o holds 16 floats.
@@ -248,9 +261,10 @@ unsafe fn fold<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &Q8KGroup, t
         // Q6_K's -32 offset is already in `t` (see `run_sums`).
         acc = _mm512_fmadd_ps(_mm512_mul_ps(xd, _mm512_set1_ps(row.d.0)), _mm512_cvtepi32_ps(t), acc);
         if F::MINS {
+            // Σ_j min_j · sum_j, exact in i32 (the one-token kernels' msum).
             let mut msum = _mm512_setzero_si512();
             for (pair, &m) in pairs.iter().zip(&row.mins) {
-                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(*pair, _mm512_set1_epi32(m as i32)));
+                msum = _mm512_dpwssd_epi32(msum, *pair, _mm512_set1_epi32(m));
             }
             let dmin = _mm512_mul_ps(xd, _mm512_set1_ps(row.d.1));
             let neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin), _mm512_set1_epi32(i32::MIN)));
@@ -272,18 +286,26 @@ mod tests {
     }
 
     #[test]
-    fn grouped_kernels_equal_the_one_token_kernels_bit_for_bit() {
+    fn grouped_kernels_exist_exactly_with_vnni() {
         let types = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
         #[cfg(target_arch = "x86_64")]
-        let vnni = std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512bw");
+        let vnni = std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512f")
+            && super::super::avx2::available();
         #[cfg(not(target_arch = "x86_64"))]
         let vnni = false;
         // Without VNNI there are no grouped kernels and prefill takes the
         // four-token kernels (tested in the parent module) instead.
         assert_eq!(types.map(|t| kgemm_kernels(t).is_some()), [vnni; 3], "grouped kernels exist exactly with VNNI");
-        if !vnni {
-            return;
-        }
+        assert!(kgemm_kernels(GgmlType::Q8_0).is_none(), "32-value blocks have their own grouped kernels");
+    }
+
+    #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI")]
+    fn grouped_kernels_equal_the_one_token_kernels_bit_for_bit() {
+        let types = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+        assert!(types.iter().all(|&t| kgemm_kernels(t).is_some()), "built on a CPU with AVX-512 VNNI, run on one without");
         let mut seed = 41u64;
         let (nb, n) = (3, 37); // three groups: a pair, then the single-group path
         let x: Vec<f32> = (0..n * nb * QK_K).map(|_| (lcg(&mut seed) % 3001) as f32 / 600.0 - 2.5).collect();
