@@ -531,7 +531,7 @@ mod avx2 {
             unsafe {
                 let (u, d, m) = unpack(w.add(b * kind.bytes()), kind);
                 let uw = if kind == Kind::Q8_0 { _mm256_sign_epi8(u, u) } else { u };
-                for j in 0..R {
+                for (j, acc) in acc.iter_mut().enumerate() {
                     let xb = &*x.add(j * stride + b);
                     let mut q8 = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
                     if kind == Kind::Q8_0 {
@@ -539,9 +539,9 @@ mod avx2 {
                     }
                     let mut isum = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(uw, q8), ones));
                     isum -= kind.offset() * xb.qsum;
-                    acc[j] = (xb.d * d).mul_add(isum as f32, acc[j]);
+                    *acc = (xb.d * d).mul_add(isum as f32, *acc);
                     if kind.has_min() {
-                        acc[j] = xb.s.mul_add(m, acc[j]);
+                        *acc = xb.s.mul_add(m, *acc);
                     }
                 }
             }

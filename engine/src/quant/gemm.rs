@@ -511,10 +511,10 @@ mod tests {
             for kernel in kernels {
                 for g in 0..n.div_ceil(GROUP) {
                     let got = kernel(&w, &groups[g * nb..(g + 1) * nb]);
-                    for lane in 0..GROUP.min(n - g * GROUP) {
+                    for (lane, got) in got.iter().enumerate().take(GROUP.min(n - g * GROUP)) {
                         let t = g * GROUP + lane;
                         let want = one(&w, &xq[t * nb..(t + 1) * nb]);
-                        assert_eq!(got[lane].to_bits(), want.to_bits(), "{dtype:?} t{t}: {} vs {want}", got[lane]);
+                        assert_eq!(got.to_bits(), want.to_bits(), "{dtype:?} t{t}: {got} vs {want}");
                     }
                 }
             }

@@ -492,11 +492,9 @@ mod tests {
     /// The largest products each format allows (where an i16 step could
     /// saturate) give the scalar kernels' results.
     #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI")]
     fn extreme_values_do_not_saturate() {
-        if !available() {
-            eprintln!("no AVX-512 VNNI here; the AVX2 and scalar kernels are tested instead");
-            return;
-        }
+        assert!(available(), "built on a CPU with AVX-512 VNNI, run on one without");
         let nb = 3;
         for (dtype, rows4) in [(GgmlType::Q4K, rows4_q4_k as fn([&[u8]; 4], &[Q8KBlock]) -> [f32; 4]), (GgmlType::Q6K, rows4_q6_k)] {
             let ts = dtype.type_size();
@@ -535,11 +533,9 @@ mod tests {
     /// Rows · 1 to 11 tokens in one call (past `MAX_TOKENS`, which splits)
     /// equal the scalar kernel token by token, bit for bit.
     #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI")]
     fn many_tokens_equal_the_scalar_kernels_bit_for_bit() {
-        if !available() {
-            eprintln!("no AVX-512 VNNI here; the AVX2 and scalar kernels are tested instead");
-            return;
-        }
+        assert!(available(), "built on a CPU with AVX-512 VNNI, run on one without");
         let mut seed = 3u64;
         let nb = 4;
         type Many = fn([&[u8]; 4], &[Q8KBlock], usize, &mut [[f32; 4]]);
