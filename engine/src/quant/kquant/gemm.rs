@@ -148,6 +148,10 @@ struct Unpacked {
     d: (f32, f32),
 }
 
+/// How many super-blocks ahead the weight rows are prefetched.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_AHEAD: usize = 2;
+
 /// `R` rows of `F` times `out.len()` groups of 16 tokens, `nb` super-blocks each.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
@@ -160,6 +164,16 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
     for b in 0..nb {
         for (row, wr) in rows.iter_mut().zip(&w) {
             let wb = &wr[b * F::BYTES..(b + 1) * F::BYTES];
+            // Few groups (batched decode) leave too little work per weight
+            // byte to hide its load: fetch a later super-block ahead.
+            if out.len() <= 2 {
+                if let Some(ahead) = wr.get((b + PREFETCH_AHEAD) * F::BYTES..(b + PREFETCH_AHEAD + 1) * F::BYTES) {
+                    for line in (0..F::BYTES).step_by(64) {
+                        // SAFETY: a prefetch hint of an in-bounds address.
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line) as *const i8) };
+                    }
+                }
+            }
             // SAFETY: wb is one whole super-block; row.u holds 8 registers of 32 bytes.
             unsafe {
                 for k in 0..8 {
