@@ -303,10 +303,7 @@ mod tests {
     fn grouped_kernels_exist_exactly_with_vnni() {
         let types = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
         #[cfg(target_arch = "x86_64")]
-        let vnni = std::is_x86_feature_detected!("avx512vnni")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512f")
-            && super::super::avx2::available();
+        let vnni = super::super::vnni::available();
         #[cfg(not(target_arch = "x86_64"))]
         let vnni = false;
         // Without VNNI there are no grouped kernels and prefill takes the
@@ -321,40 +318,43 @@ mod tests {
         let types = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
         assert!(types.iter().all(|&t| kgemm_kernels(t).is_some()), "built on a CPU with AVX-512 VNNI, run on one without");
         let mut seed = 41u64;
-        let (nb, n) = (3, 37); // three groups: a pair, then the single-group path
-        let x: Vec<f32> = (0..n * nb * QK_K).map(|_| (lcg(&mut seed) % 3001) as f32 / 600.0 - 2.5).collect();
-        let mut xq = vec![Q8KBlock::default(); n * nb];
-        quantize_row_q8k(&x, &mut xq);
-        let groups = interleave_k(&xq, n, nb);
-        for dtype in types {
-            let ts = dtype.type_size();
-            let rows: Vec<Vec<u8>> = (0..4)
-                .map(|_| {
-                    let mut w: Vec<u8> = (0..nb * ts).map(|_| lcg(&mut seed) as u8).collect();
-                    for b in w.chunks_exact_mut(ts) {
-                        let d = half::f16::from_f32(0.002 + (lcg(&mut seed) % 50) as f32 / 10000.0).to_bits().to_le_bytes();
-                        let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
-                        b[at..at + 2].copy_from_slice(&d);
-                        if dtype != GgmlType::Q6K {
-                            b[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_bits().to_le_bytes());
+        // Three groups (a pair, then the single-group path), and one and two
+        // groups over 5 super-blocks (the prefetching path, past the row's end).
+        for (nb, n) in [(3, 37), (5, 16), (5, 32)] {
+            let x: Vec<f32> = (0..n * nb * QK_K).map(|_| (lcg(&mut seed) % 3001) as f32 / 600.0 - 2.5).collect();
+            let mut xq = vec![Q8KBlock::default(); n * nb];
+            quantize_row_q8k(&x, &mut xq);
+            let groups = interleave_k(&xq, n, nb);
+            for dtype in types {
+                let ts = dtype.type_size();
+                let rows: Vec<Vec<u8>> = (0..4)
+                    .map(|_| {
+                        let mut w: Vec<u8> = (0..nb * ts).map(|_| lcg(&mut seed) as u8).collect();
+                        for b in w.chunks_exact_mut(ts) {
+                            let d = half::f16::from_f32(0.002 + (lcg(&mut seed) % 50) as f32 / 10000.0).to_bits().to_le_bytes();
+                            let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
+                            b[at..at + 2].copy_from_slice(&d);
+                            if dtype != GgmlType::Q6K {
+                                b[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_bits().to_le_bytes());
+                            }
                         }
+                        w
+                    })
+                    .collect();
+                let one = kdot_kernels(dtype).expect("kernels").one;
+                let k = kgemm_kernels(dtype).expect("grouped kernels");
+                let ng = n.div_ceil(GROUP);
+                let mut four = vec![[[0f32; GROUP]; 4]; ng];
+                (k.rows4)([&rows[0], &rows[1], &rows[2], &rows[3]], &groups, nb, &mut four);
+                for (r, row) in rows.iter().enumerate() {
+                    let mut single = vec![[[0f32; GROUP]; 1]; ng];
+                    (k.one)(row, &groups, nb, &mut single);
+                    for t in 0..n {
+                        let (g, lane) = (t / GROUP, t % GROUP);
+                        let want = one(row, &xq[t * nb..(t + 1) * nb]);
+                        assert_eq!(four[g][r][lane].to_bits(), want.to_bits(), "{dtype:?} row {r} token {t}");
+                        assert_eq!(single[g][0][lane].to_bits(), want.to_bits(), "{dtype:?} row {r} token {t} (one row)");
                     }
-                    w
-                })
-                .collect();
-            let one = kdot_kernels(dtype).expect("kernels").one;
-            let k = kgemm_kernels(dtype).expect("grouped kernels");
-            let ng = n.div_ceil(GROUP);
-            let mut four = vec![[[0f32; GROUP]; 4]; ng];
-            (k.rows4)([&rows[0], &rows[1], &rows[2], &rows[3]], &groups, nb, &mut four);
-            for (r, row) in rows.iter().enumerate() {
-                let mut single = vec![[[0f32; GROUP]; 1]; ng];
-                (k.one)(row, &groups, nb, &mut single);
-                for t in 0..n {
-                    let (g, lane) = (t / GROUP, t % GROUP);
-                    let want = one(row, &xq[t * nb..(t + 1) * nb]);
-                    assert_eq!(four[g][r][lane].to_bits(), want.to_bits(), "{dtype:?} row {r} token {t}");
-                    assert_eq!(single[g][0][lane].to_bits(), want.to_bits(), "{dtype:?} row {r} token {t} (one row)");
                 }
             }
         }
