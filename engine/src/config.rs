@@ -206,7 +206,7 @@ impl ModelConfig {
             rope_style: RopeStyle::Neox,
             context_length: get("max_position_embeddings")?,
             tie_word_embeddings: cfg["tie_word_embeddings"].as_bool().unwrap_or(family == ArchFamily::Gemma3),
-            sliding_window: hf_sliding_window(cfg, family),
+            sliding_window: hf_sliding_window(cfg, family)?,
             query_pre_attn_scalar: cfg["query_pre_attn_scalar"].as_f64().map(|v| v as f32),
         };
         config.validate()
@@ -283,18 +283,47 @@ impl ModelConfig {
     }
 }
 
-fn hf_sliding_window(cfg: &Value, family: ArchFamily) -> Option<SlidingWindow> {
+fn hf_sliding_window(cfg: &Value, family: ArchFamily) -> Result<Option<SlidingWindow>> {
     if family != ArchFamily::Gemma3 {
-        return None;
+        return Ok(None);
     }
-    let size = cfg["sliding_window"].as_u64()? as usize;
-    // Newer configs list `layer_types`; Gemma 3's is "5 local, 1 global".
-    let pattern = cfg["sliding_window_pattern"].as_u64().map_or(6, |p| p as usize);
+    let Some(size) = cfg["sliding_window"].as_u64() else { return Ok(None) };
+    let pattern = match (cfg["sliding_window_pattern"].as_u64(), cfg["layer_types"].as_array()) {
+        (Some(p), _) => p as usize,
+        (None, Some(types)) if Some(types.len() as u64) != cfg["num_hidden_layers"].as_u64() => {
+            return Err(EngineError::InvalidConfig(format!("layer_types lists {} layers, the model has {}", types.len(), cfg["num_hidden_layers"])))
+        }
+        (None, Some(types)) => pattern_of_layer_types(types)?,
+        // Gemma 3's own: five local layers, then one global.
+        (None, None) => 6,
+    };
     let local_rope_theta = cfg["rope_local_base_freq"]
         .as_f64()
         .or_else(|| cfg["rope_parameters"]["sliding_attention"]["rope_theta"].as_f64())
         .unwrap_or(10_000.0) as f32;
-    Some(SlidingWindow { size, pattern, local_rope_theta })
+    Ok(Some(SlidingWindow { size: size as usize, pattern, local_rope_theta }))
+}
+
+/// The global-layer period of a `layer_types` list (newer HF configs):
+/// layer `i` (0-based) is global exactly when `(i + 1) % pattern == 0`.
+/// Lists that follow no such period are refused rather than misread.
+fn pattern_of_layer_types(types: &[Value]) -> Result<usize> {
+    let global: Vec<bool> = types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("full_attention") => Ok(true),
+            Some("sliding_attention") => Ok(false),
+            _ => Err(EngineError::InvalidConfig(format!("layer_types: unknown layer type {t}"))),
+        })
+        .collect::<Result<_>>()?;
+    let pattern = global.iter().position(|&g| g).map_or(global.len() + 1, |i| i + 1);
+    if global.iter().enumerate().any(|(i, &g)| g != (i + 1).is_multiple_of(pattern)) {
+        return Err(EngineError::InvalidConfig(format!(
+            "layer_types: global layers {:?} do not repeat every {pattern} layers (not supported)",
+            global.iter().enumerate().filter(|(_, &g)| g).map(|(i, _)| i).collect::<Vec<_>>()
+        )));
+    }
+    Ok(pattern)
 }
 
 /// Gemma 3 scales only its global layers' RoPE (linear, in 4B and up),
@@ -377,6 +406,24 @@ mod tests {
             cfg[k] = v.clone();
         }
         cfg
+    }
+
+    #[test]
+    fn gemma3_layer_types_set_the_pattern_and_irregular_ones_are_refused() {
+        let types = |t: &[&str]| gemma3(json!({"rope_theta": 1e6, "layer_types": t, "num_hidden_layers": t.len()}));
+        let every_third = ModelConfig::from_hf_json(&types(&["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]))
+            .expect("periodic layer types load");
+        assert_eq!(every_third.sliding_window.map(|w| w.pattern), Some(3));
+        let windows: Vec<Option<usize>> = (0..4).map(|l| every_third.layer_window(l)).collect();
+        assert_eq!(windows, [Some(512), Some(512), None, Some(512)]);
+        let irregular = types(&["full_attention", "sliding_attention", "full_attention", "full_attention"]);
+        let err = ModelConfig::from_hf_json(&irregular).expect_err("irregular layer types are refused");
+        assert!(err.to_string().contains("do not repeat"), "{err}");
+        let unknown = types(&["sliding_attention", "chunked_attention"]);
+        assert!(ModelConfig::from_hf_json(&unknown).is_err(), "unknown layer types are refused");
+        let mut short = types(&["sliding_attention", "full_attention"]);
+        short["num_hidden_layers"] = json!(4);
+        assert!(ModelConfig::from_hf_json(&short).is_err(), "a list of the wrong length is refused");
     }
 
     #[test]

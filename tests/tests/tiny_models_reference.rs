@@ -3,9 +3,13 @@
 //! generation_config.json), match an independent float64 numpy forward
 //! (`tools/reference/numpy_forward.py`) at every position.
 //!
-//! Three models cover the HF code paths: Llama f32 (untied lm_head, GQA 2:1),
-//! Llama bf16 (tied embeddings, GQA 4:1) and Qwen3 bf16 (per-head q/k
-//! RMSNorm, head_dim 32 ≠ hidden/heads = 16). Each test regenerates its model
+//! Four models cover the HF code paths: Llama f32 (untied lm_head, GQA 2:1),
+//! Llama bf16 (tied embeddings, GQA 4:1), Qwen3 bf16 (per-head q/k
+//! RMSNorm, head_dim 32 ≠ hidden/heads = 16) and Gemma 3 bf16 (the (1 + w)
+//! norms before and after attention and MLP, q/k norms, GELU-tanh MLP,
+//! scaled embeddings, `query_pre_attn_scalar` 24 ≠ head_dim 16, and a
+//! 6-position sliding window on layer 0 with its own RoPE base, from
+//! `layer_types`; the prompts of 17–40 tokens and the 12 greedy tokens to EOS run past it). Each test regenerates its model
 //! in a tempdir with `write_tiny_model` from the seed in the fixture, checks
 //! the safetensors sha256 and config.json equal those recorded (so a change to
 //! the generator is reported as such, not as a numeric failure), then checks:
@@ -30,7 +34,8 @@
 //! $T --arch llama --seed 1 --out /tmp/tinyref/tiny_llama
 //! $T --arch llama --seed 2 --dtype bf16 --tie-embeddings --kv-heads 1 --out /tmp/tinyref/tiny_llama_bf16
 //! $T --arch qwen3 --seed 3 --dtype bf16 --head-dim 32 --out /tmp/tinyref/tiny_qwen3
-//! for m in tiny_llama tiny_llama_bf16 tiny_qwen3; do
+//! $T --arch gemma3 --seed 4 --dtype bf16 --out /tmp/tinyref/tiny_gemma3
+//! for m in tiny_llama tiny_llama_bf16 tiny_qwen3 tiny_gemma3; do
 //!   /tmp/refvenv-fwd/bin/python tools/reference/make_model_reference.py --hf-dir /tmp/tinyref/$m \
 //!     --out tests/fixtures/${m}_ref.json --prompt-ids $P1 --prompt-ids $P2 --prompt-ids $P3
 //! done
@@ -70,6 +75,12 @@ fn case_options(fixture: &str) -> TinyModelOptions {
             o.seed = 3;
             o.dtype = TinyDtype::Bf16;
             o.head_dim = Some(32);
+            o
+        }
+        "tiny_gemma3_ref.json" => {
+            let mut o = TinyModelOptions::new(TinyArch::Gemma3);
+            o.seed = 4;
+            o.dtype = TinyDtype::Bf16;
             o
         }
         other => panic!("no options for fixture {other}"),
@@ -178,4 +189,9 @@ fn tiny_llama_bf16_tied_matches_the_numpy_reference() {
 #[test]
 fn tiny_qwen3_bf16_matches_the_numpy_reference() {
     check("tiny_qwen3_ref.json");
+}
+
+#[test]
+fn tiny_gemma3_bf16_matches_the_numpy_reference() {
+    check("tiny_gemma3_ref.json");
 }

@@ -18,12 +18,14 @@ Model pieces implemented:
   * SwiGLU MLP: down(silu(gate(x)) * up(x))
   * final RMSNorm, lm_head (tied to the embedding when lm_head is absent or
     tie_word_embeddings is true)
-  * Gemma 3 (GGUF arch `gemma3` only): embeddings scaled by sqrt(hidden);
+  * Gemma 3 (GGUF arch `gemma3`, HF `gemma3_text`): embeddings scaled by sqrt(hidden);
     RMSNorm after attention and after the MLP (before the residual add);
     GeGLU MLP down(gelu_tanh(gate(x)) * up(x)); attention scale
     query_pre_attn_scalar^-0.5; sliding-window layers (a query at position p
     sees keys j with p - j < window) with their own RoPE base (10000), every
-    6th layer global (full causal attention, rope.freq_base).
+    6th layer global (full causal attention, rope.freq_base); from an HF
+    directory, the layer kinds, local base and scalar come from config.json
+    and the (1 + w) norms have their 1 added at load.
 
 All arithmetic is done in float64 by default (weights are upcast once at
 load time; every matmul, norm, softmax accumulates in float64). Pass
@@ -305,10 +307,10 @@ def load_hf_dir(path: str, dtype=np.float64) -> Model:
         c = json.load(f)
     if "text_config" in c:  # multimodal wrappers
         c = {**c, **c["text_config"]}
-    if str(c.get("model_type", "")).startswith("gemma"):
-        # Gemma's norms (1 + w), post-norms and layer names are only read
-        # from GGUF here (load_gguf); refuse rather than load them wrongly.
-        raise NotImplementedError("Gemma HF directories (use the GGUF)")
+    model_type = str(c.get("model_type", ""))
+    if model_type.startswith("gemma") and model_type not in ("gemma3_text", "gemma3"):
+        raise NotImplementedError(f"HF model_type {model_type}")
+    gemma3 = model_type in ("gemma3_text", "gemma3")
 
     files = []
     index = os.path.join(path, "model.safetensors.index.json")
@@ -352,6 +354,7 @@ def load_hf_dir(path: str, dtype=np.float64) -> Model:
     embed = get(prefix + "embed_tokens.weight")
     eos = c.get("eos_token_id")
     cfg = Config(
+        **(_hf_gemma3_parts(c, hidden, int(c["num_hidden_layers"]), head_dim) if gemma3 else {}),
         vocab_size=int(c.get("vocab_size", embed.shape[0])),
         hidden_size=hidden,
         intermediate_size=int(c["intermediate_size"]),
@@ -376,7 +379,7 @@ def load_hf_dir(path: str, dtype=np.float64) -> Model:
             wk=get(p + "self_attn.k_proj.weight"),
             wv=get(p + "self_attn.v_proj.weight"),
             wo=get(p + "self_attn.o_proj.weight"),
-            ffn_norm=get(p + "post_attention_layernorm.weight"),
+            ffn_norm=get(p + ("pre_feedforward_layernorm.weight" if gemma3 else "post_attention_layernorm.weight")),
             w_gate=get(p + "mlp.gate_proj.weight"),
             w_up=get(p + "mlp.up_proj.weight"),
             w_down=get(p + "mlp.down_proj.weight"),
@@ -386,14 +389,52 @@ def load_hf_dir(path: str, dtype=np.float64) -> Model:
             bo=get(p + "self_attn.o_proj.bias", False),
             q_norm=get(p + "self_attn.q_norm.weight", False),
             k_norm=get(p + "self_attn.k_norm.weight", False),
+            post_attn_norm=get(p + "post_attention_layernorm.weight") if gemma3 else None,
+            post_ffn_norm=get(p + "post_feedforward_layernorm.weight") if gemma3 else None,
         ))
+    final_norm = get(prefix + "norm.weight")
+    if gemma3:
+        # HF's Gemma RMSNorm computes x/rms * (1 + w): fold the 1 in, as the
+        # GGUF converter does, so the forward below is shared.
+        for layer in layers:
+            for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
+                setattr(layer, name, getattr(layer, name) + 1.0)
+        final_norm = final_norm + 1.0
     lm_head = get("lm_head.weight", False)
     tied = lm_head is None or bool(c.get("tie_word_embeddings", False))
-    model = Model(cfg, embed, layers, get(prefix + "norm.weight"),
+    model = Model(cfg, embed, layers, final_norm,
                   embed if tied else lm_head, tied=tied,
                   source={"kind": "hf", "path": os.path.abspath(path), "files": files})
     _check_shapes(model)
     return model
+
+
+def _hf_gemma3_parts(c: dict, hidden: int, n_layers: int, head_dim: int) -> dict:
+    """Gemma 3's Config fields from an HF config, as transformers'
+    Gemma3TextModel reads them: embeddings times sqrt(hidden) (rounded to the
+    weights' dtype there; exact for the sizes used here), attention scaled by
+    query_pre_attn_scalar^-0.5, the GELU-tanh MLP, and the sliding layers from
+    `layer_types` (else every `sliding_window_pattern`-th layer, default 6,
+    is global) with their own RoPE base."""
+    if c.get("attn_logit_softcapping") or c.get("final_logit_softcapping"):
+        raise NotImplementedError("logit soft-capping (Gemma 2)")
+    types = c.get("layer_types")
+    if types is None:
+        pattern = int(c.get("sliding_window_pattern", 6))
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
+    if len(types) != n_layers or set(types) - {"full_attention", "sliding_attention"}:
+        raise ValueError(f"layer_types {types}")
+    local_theta = c.get("rope_local_base_freq")
+    if local_theta is None:
+        local_theta = ((c.get("rope_parameters") or {}).get("sliding_attention") or {}).get("rope_theta", 10000.0)
+    return dict(
+        embed_scale=math.sqrt(hidden),
+        attn_scale=float(c.get("query_pre_attn_scalar", head_dim)) ** -0.5,
+        mlp_act="gelu_tanh",
+        sliding_window=int(c["sliding_window"]),
+        sliding_layers=[t == "sliding_attention" for t in types],
+        rope_local_theta=float(local_theta),
+    )
 
 
 def _check_shapes(m: Model):

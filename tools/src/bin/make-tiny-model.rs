@@ -9,7 +9,7 @@ use spindle_tools::tiny_model::{write_tiny_model, TinyArch, TinyDtype, TinyModel
 
 /// Command-line options; unset sizes keep the small defaults.
 #[derive(Debug, Parser)]
-#[command(about = "Write a tiny random Llama/Qwen3 model (config, safetensors, tokenizer)")]
+#[command(about = "Write a tiny random Llama/Qwen2/Qwen3/Gemma 3 model (config, safetensors, tokenizer)")]
 struct Args {
     /// Architecture.
     #[arg(long, value_enum)]
@@ -47,7 +47,7 @@ struct Args {
     /// max_position_embeddings [default: 256].
     #[arg(long)]
     max_position: Option<usize>,
-    /// Tie the output head to the embeddings (no lm_head.weight).
+    /// Tie the output head to the embeddings (no lm_head.weight; always so for Gemma 3).
     #[arg(long)]
     tie_embeddings: bool,
     /// Split the weights into this many safetensors shards [default: 1].
@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<()> {
     o.seed = a.seed;
     o.dtype = a.dtype;
     o.head_dim = a.head_dim;
-    o.tie_word_embeddings = a.tie_embeddings;
+    o.tie_word_embeddings |= a.tie_embeddings;
     let sizes = [
         (a.layers, &mut o.layers),
         (a.hidden, &mut o.hidden),

@@ -24,7 +24,23 @@ pub enum TinyArch {
     Qwen3,
     /// `Qwen2ForCausalLM` (adds q/k/v biases).
     Qwen2,
+    /// `Gemma3ForCausalLM` (`gemma3_text`): (1 + w) norms around attention
+    /// and MLP, q/k norms, GELU-tanh MLP, scaled embeddings, tied head, and
+    /// sliding-window layers: window [`GEMMA3_WINDOW`], every
+    /// [`GEMMA3_PATTERN`]-th layer global, listed in `layer_types`.
+    Gemma3,
 }
+
+/// The tiny Gemma 3's sliding window (positions), short enough that test
+/// prompts run past it.
+pub const GEMMA3_WINDOW: usize = 6;
+/// Every this-many-th layer of the tiny Gemma 3 is global (1-based).
+pub const GEMMA3_PATTERN: usize = 2;
+/// The tiny Gemma 3's `query_pre_attn_scalar` (unlike its head width, so a
+/// loader that ignores it is caught).
+pub const GEMMA3_QUERY_PRE_ATTN_SCALAR: usize = 24;
+/// The tiny Gemma 3's RoPE base on its sliding-window layers.
+pub const GEMMA3_LOCAL_ROPE_THETA: f64 = 10_000.0;
 
 /// Element type of the written weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -92,11 +108,12 @@ impl Default for TinyModelOptions {
 impl TinyModelOptions {
     /// The small defaults for `arch`: vocab 320, hidden 64, 2 layers, 4 heads,
     /// 2 kv heads, head_dim 16, intermediate 128, 256 positions, F32, seed 0,
-    /// untied, with the arch's usual epsilon and RoPE base.
+    /// untied (tied for Gemma 3, as HF's default), with the arch's usual
+    /// epsilon and RoPE base.
     pub fn new(arch: TinyArch) -> Self {
         let (rms_norm_eps, rope_theta) = match arch {
             TinyArch::Llama => (1e-5, 10_000.0),
-            TinyArch::Qwen3 | TinyArch::Qwen2 => (1e-6, 1_000_000.0),
+            TinyArch::Qwen3 | TinyArch::Qwen2 | TinyArch::Gemma3 => (1e-6, 1_000_000.0),
         };
         Self {
             arch,
@@ -110,7 +127,7 @@ impl TinyModelOptions {
             intermediate: 128,
             vocab: 320,
             max_position: 256,
-            tie_word_embeddings: false,
+            tie_word_embeddings: arch == TinyArch::Gemma3,
             rms_norm_eps,
             rope_theta,
             shards: 1,
@@ -181,6 +198,7 @@ fn config_json(o: &TinyModelOptions) -> Value {
         TinyArch::Llama => ("LlamaForCausalLM", "llama"),
         TinyArch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         TinyArch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+        TinyArch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
     };
     let mut c = json!({
         "architectures": [arch],
@@ -211,11 +229,32 @@ fn config_json(o: &TinyModelOptions) -> Value {
         TinyArch::Llama => json!({"mlp_bias": false, "pretraining_tp": 1}),
         TinyArch::Qwen3 | TinyArch::Qwen2 => json!({"use_sliding_window": false, "sliding_window": null,
                                   "max_window_layers": o.layers}),
+        TinyArch::Gemma3 => gemma3_config(o),
     };
     if let (Some(c), Value::Object(extra)) = (c.as_object_mut(), extra) {
         c.extend(extra);
+        if o.arch == TinyArch::Gemma3 {
+            c.remove("hidden_act");
+        }
     }
     c
+}
+
+/// Gemma 3's own config keys, as transformers 4.5x writes them (the layer
+/// pattern only as `layer_types`, as newer configs have it).
+fn gemma3_config(o: &TinyModelOptions) -> Value {
+    let layer_types: Vec<&str> = (0..o.layers)
+        .map(|i| if (i + 1).is_multiple_of(GEMMA3_PATTERN) { "full_attention" } else { "sliding_attention" })
+        .collect();
+    json!({
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": GEMMA3_QUERY_PRE_ATTN_SCALAR,
+        "sliding_window": GEMMA3_WINDOW,
+        "layer_types": layer_types,
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_THETA,
+        "attn_logit_softcapping": null,
+        "final_logit_softcapping": null
+    })
 }
 
 /// The `generation_config.json` document.

@@ -16,6 +16,8 @@ enum Init {
     Normal(f64),
     /// Around 1.0 (norm weights): `1 + 0.05 * normal`.
     Norm,
+    /// Around 0.0 (Gemma's norms, applied as `1 + w`): `0.05 * normal`.
+    GemmaNorm,
 }
 
 /// One tensor of the model: HF name, shape (outermost first), init.
@@ -63,7 +65,11 @@ fn linear_std(fan_in: usize) -> f64 {
 pub(super) fn tensor_specs(o: &TinyModelOptions) -> Vec<TensorSpec> {
     let (h, hd) = (o.hidden, o.head_dim());
     let (q, kv) = (o.heads * hd, o.kv_heads * hd);
+    let gemma = o.arch == TinyArch::Gemma3;
     let spec = |name: String, shape: Vec<usize>, init| TensorSpec { name, shape, init };
+    let norm = |name: String, width: usize| {
+        spec(name, vec![width], if gemma { Init::GemmaNorm } else { Init::Norm })
+    };
     let linear = |name: String, out: usize, inp: usize| {
         spec(name, vec![out, inp], Init::Normal(linear_std(inp)))
     };
@@ -71,9 +77,11 @@ pub(super) fn tensor_specs(o: &TinyModelOptions) -> Vec<TensorSpec> {
         spec(
             "model.embed_tokens.weight".into(),
             vec![o.vocab, h],
-            Init::Normal(0.1),
+            // Gemma multiplies embeddings by √hidden; smaller values keep the
+            // tied head from simply repeating the input token.
+            Init::Normal(if gemma { 0.02 } else { 0.1 }),
         ),
-        spec("model.norm.weight".into(), vec![h], Init::Norm),
+        norm("model.norm.weight".into(), h),
     ];
     if !o.tie_word_embeddings {
         v.push(spec(
@@ -84,16 +92,12 @@ pub(super) fn tensor_specs(o: &TinyModelOptions) -> Vec<TensorSpec> {
     }
     for i in 0..o.layers {
         let p = format!("model.layers.{i}");
-        v.push(spec(
-            format!("{p}.input_layernorm.weight"),
-            vec![h],
-            Init::Norm,
-        ));
-        v.push(spec(
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![h],
-            Init::Norm,
-        ));
+        v.push(norm(format!("{p}.input_layernorm.weight"), h));
+        v.push(norm(format!("{p}.post_attention_layernorm.weight"), h));
+        if gemma {
+            v.push(norm(format!("{p}.pre_feedforward_layernorm.weight"), h));
+            v.push(norm(format!("{p}.post_feedforward_layernorm.weight"), h));
+        }
         v.push(linear(format!("{p}.self_attn.q_proj.weight"), q, h));
         v.push(linear(format!("{p}.self_attn.k_proj.weight"), kv, h));
         v.push(linear(format!("{p}.self_attn.v_proj.weight"), kv, h));
@@ -103,17 +107,9 @@ pub(super) fn tensor_specs(o: &TinyModelOptions) -> Vec<TensorSpec> {
                 v.push(spec(format!("{p}.self_attn.{part}_proj.bias"), vec![width], Init::Normal(0.1)));
             }
         }
-        if o.arch == TinyArch::Qwen3 {
-            v.push(spec(
-                format!("{p}.self_attn.q_norm.weight"),
-                vec![hd],
-                Init::Norm,
-            ));
-            v.push(spec(
-                format!("{p}.self_attn.k_norm.weight"),
-                vec![hd],
-                Init::Norm,
-            ));
+        if matches!(o.arch, TinyArch::Qwen3 | TinyArch::Gemma3) {
+            v.push(norm(format!("{p}.self_attn.q_norm.weight"), hd));
+            v.push(norm(format!("{p}.self_attn.k_norm.weight"), hd));
         }
         v.push(linear(
             format!("{p}.mlp.gate_proj.weight"),
@@ -140,6 +136,7 @@ fn tensor_bytes(spec: &TensorSpec, seed: u64, dtype: TinyDtype) -> Vec<u8> {
         let x = match spec.init {
             Init::Normal(std) => normal(&mut state) * std,
             Init::Norm => 1.0 + 0.05 * normal(&mut state),
+            Init::GemmaNorm => 0.05 * normal(&mut state),
         } as f32;
         match dtype {
             TinyDtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
