@@ -119,7 +119,7 @@ run() {
     # Correctness first, then the benchmarks, then the (slow) sanitizers.
     if section "Kernel correctness (GPU vs CPU reference)" 120 "$BIN/gpu_kernels" --include-ignored --test-threads=1 --nocapture; then
         echo "kernels: ok"; else echo "kernels: FAILED"; status=1; fi
-    if section "Whole model: CUDA backend vs CPU backend (tiny Llama, tiny Qwen3, tiny Qwen2; SmolLM2 if SPINDLE_MODEL_GGUF is set)" 120 "$BIN/cuda_forward" --include-ignored --test-threads=1 --nocapture $model_filter; then
+    if section "Whole model: CUDA backend vs CPU backend (tiny Llama, tiny Qwen3, tiny Qwen2, tiny Gemma 3; SmolLM2 if SPINDLE_MODEL_GGUF is set)" 120 "$BIN/cuda_forward" --include-ignored --test-threads=1 --nocapture $model_filter; then
         echo "backend: ok"; else echo "backend: FAILED"; status=1; fi
     section "Paged decode attention bandwidth (8B geometry: 32 q heads, 8 kv heads, head_dim 128)" 60 "$BIN/paged_decode_bench" || true
     section "Linear-layer GEMMs: cuBLAS vs Spindle's kernels (8B layer shapes)" 90 "$BIN/gemm_bench" || true

@@ -53,6 +53,9 @@ __device__ __forceinline__ float block_max(float v) {
 // attends query head h of sequence s over context tokens
 // [p * PARTITION, min((p + 1) * PARTITION, context_lens[s])) with the
 // sequence's kv head h / (heads / kv_heads).
+// With `window` > 0 (a sliding-window layer) only the last `window` tokens
+// of the context are attended: partitions wholly before them write an
+// empty partial.
 // With one partition it writes the normalized result to out[s, h]; with
 // several it writes its normalized partial to part_out[s, h, p] and its max
 // and exp-sum to part_max / part_sum, for decode_reduce_bf16.
@@ -62,15 +65,17 @@ extern "C" __global__ void paged_decode_bf16(bf16* __restrict__ out, float* __re
                                              const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
                                              const bf16* __restrict__ v_cache, const int* __restrict__ block_tables,
                                              const int* __restrict__ context_lens, int max_blocks, int heads,
-                                             int kv_heads, int head_dim, int block_size, float scale, int seq_base) {
+                                             int kv_heads, int head_dim, int block_size, float scale, int seq_base,
+                                             int window) {
     __shared__ float q_s[MAX_HEAD_DIM];
     __shared__ float scores[PARTITION];
     // Sequence s of the whole batch; its partials go to slot `local` of this launch's scratch.
     const int h = blockIdx.x, local = blockIdx.y, s = seq_base + blockIdx.y, p = blockIdx.z;
     const int partitions = gridDim.z;
     const int context = context_lens[s];
-    const int first = p * PARTITION;
-    const int last = min(first + PARTITION, context);
+    const int lo = window > 0 ? max(0, context - window) : 0;
+    const int first = max(p * PARTITION, lo);
+    const int last = min(p * PARTITION + PARTITION, context);
     const int kv_dim = kv_heads * head_dim;
     const int kvh = h / (heads / kv_heads);
     const bf16* qh = q + ((size_t)s * heads + h) * head_dim;

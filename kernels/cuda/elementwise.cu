@@ -1,4 +1,5 @@
-// Element-wise kernels: SiLU-and-multiply, embedding gather, rotary embedding.
+// Element-wise kernels: SiLU- and GELU-and-multiply, scaling, embedding
+// gather, rotary embedding.
 #include "common.cuh"
 
 // out[i] = silu(gate[i]) * up[i] over `n` values (grid-stride).
@@ -7,6 +8,25 @@ extern "C" __global__ void silu_mul_bf16(bf16* __restrict__ out, const bf16* __r
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float g = to_f32(gate[i]);
         out[i] = to_bf16(g / (1.0f + __expf(-g)) * to_f32(up[i]));
+    }
+}
+
+// out[i] = gelu_tanh(gate[i]) * up[i] over `n` values (grid-stride): the
+// tanh approximation, as HF's gelu_pytorch_tanh (Gemma's MLP).
+extern "C" __global__ void gelu_tanh_mul_bf16(bf16* __restrict__ out, const bf16* __restrict__ gate,
+                                              const bf16* __restrict__ up, long long n) {
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float g = to_f32(gate[i]);
+        const float gelu = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+        out[i] = to_bf16(gelu * to_f32(up[i]));
+    }
+}
+
+// x[i] *= factor over `n` values (grid-stride): Gemma's embedding scale.
+extern "C" __global__ void scale_bf16(bf16* __restrict__ x, float factor, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        x[i] = to_bf16(to_f32(x[i]) * factor);
     }
 }
 

@@ -10,7 +10,9 @@
 // sequence s for query head h: their rows are q[q_starts[s] + i] and their
 // positions start_pos[s] + i, and each attends to the keys at positions
 // up to its own (the cache already holds this step's keys: kv_write runs
-// first). GQA by heads / kv_heads. head_dim is a multiple of 16, at most
+// first). GQA by heads / kv_heads. With `window` > 0 (a sliding-window
+// layer) a query at position p sees only keys j with p - j < window, and key
+// tiles before every row's window are skipped. head_dim is a multiple of 16, at most
 // 256; the dynamic shared memory is PrefillShape::shared_bytes (in
 // src/device/prefill.rs, which mirrors the carve-up below).
 #include "common.cuh"
@@ -25,7 +27,8 @@ extern "C" __global__ void paged_prefill_bf16(bf16* __restrict__ out, const bf16
                                               const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                                               const int* __restrict__ block_tables, const int* __restrict__ q_starts,
                                               const int* __restrict__ start_pos, int max_blocks, int heads,
-                                              int kv_heads, int head_dim, int block_size, float scale) {
+                                              int kv_heads, int head_dim, int block_size, float scale,
+                                              int window) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int D = head_dim;
     // Row strides, padded against bank conflicts; every 16-row band and
@@ -66,7 +69,9 @@ extern "C" __global__ void paged_prefill_bf16(bf16* __restrict__ out, const bf16
     }
     __syncthreads();
 
-    for (int n0 = 0; n0 < ctx_end; n0 += PF_N) {
+    // The first key any row of the tile sees, rounded down to a key tile.
+    const int key_lo = window > 0 ? max(0, pos0 - window + 1) / PF_N * PF_N : 0;
+    for (int n0 = key_lo; n0 < ctx_end; n0 += PF_N) {
         // Keys and values n0 .. n0 + 63 (zeros past ctx_end, never garbage).
         for (int i = threadIdx.x; i < PF_N * chunks; i += blockDim.x) {
             const int j = i / chunks, c = (i % chunks) * 8, t = n0 + j;
@@ -107,8 +112,10 @@ extern "C" __global__ void paged_prefill_bf16(bf16* __restrict__ out, const bf16
             const int r = warp * 16 + rr;
             const int pos = pos0 + r;
             const bool live = r < rows;
-            const float v0 = (live && n0 + lane <= pos) ? Ss[r * LDS + lane] * scale : -INFINITY;
-            const float v1 = (live && n0 + lane + 32 <= pos) ? Ss[r * LDS + lane + 32] * scale : -INFINITY;
+            const int lo = window > 0 ? pos - window + 1 : 0;  // the row's first visible key
+            const int j0 = n0 + lane, j1 = n0 + lane + 32;
+            const float v0 = (live && j0 <= pos && j0 >= lo) ? Ss[r * LDS + lane] * scale : -INFINITY;
+            const float v1 = (live && j1 <= pos && j1 >= lo) ? Ss[r * LDS + lane + 32] * scale : -INFINITY;
             const float old_max = row_max[r];
             const float new_max = fmaxf(old_max, warp_max(fmaxf(v0, v1)));
             const float base = new_max == -INFINITY ? 0.0f : new_max;

@@ -50,7 +50,7 @@ fn run(g: &Gpu, context: usize, seqs: usize) -> Result<(), Box<dyn std::error::E
     for i in 0..55 {
         g.stream.synchronize()?;
         let start = Instant::now();
-        g.paged_decode(&mut out, &q, &cache, &values, &tables, &lens, shape, 0.088)?;
+        g.paged_decode(&mut out, &q, &cache, &values, &tables, &lens, shape, 0.088, None)?;
         g.stream.synchronize()?;
         if i >= 5 {
             times.push(start.elapsed().as_secs_f64());

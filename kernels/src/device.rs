@@ -87,6 +87,12 @@ fn int(n: usize) -> Result<i32, CudaError> {
 }
 
 /// Threads per block for a row of `n` values (a multiple of 32, 32..=1024).
+/// A grid-stride launch over `n` values: 256 threads a block, at most 65 535 blocks.
+fn elementwise_launch(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
 fn row_block(n: usize) -> u32 {
     (n.clamp(1, 1024).div_ceil(32) * 32) as u32
 }
@@ -208,7 +214,12 @@ impl Gpu {
 
     /// `out[i] = silu(gate[i]) * up[i]` for `n` values.
     pub fn silu_mul(&self, out: &mut CudaSlice<bf16>, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>, n: usize) -> Result<(), CudaError> {
-        let f = self.function("silu_mul_bf16")?;
+        self.gated("silu_mul_bf16", out, gate, up, n)
+    }
+
+    /// `out[i] = act(gate[i]) * up[i]` for `n` values by the kernel `name`.
+    fn gated(&self, name: &'static str, out: &mut CudaSlice<bf16>, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>, n: usize) -> Result<(), CudaError> {
+        let f = self.function(name)?;
         if n == 0 {
             return Ok(());
         }
@@ -216,12 +227,30 @@ impl Gpu {
         need(gate, n, "gate")?;
         need(up, n, "up")?;
         let n64 = i64::try_from(n).map_err(|_| CudaError::TooLarge(n))?;
-        let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut launch = self.stream.launch_builder(f);
         launch.arg(out).arg(gate).arg(up).arg(&n64);
         // SAFETY: as in add_rmsnorm; all three buffers hold n values.
-        unsafe { launch.launch(cfg) }?;
+        unsafe { launch.launch(elementwise_launch(n)) }?;
+        Ok(())
+    }
+
+    /// `out[i] = gelu_tanh(gate[i]) * up[i]` for `n` values (Gemma's MLP).
+    pub fn gelu_tanh_mul(&self, out: &mut CudaSlice<bf16>, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>, n: usize) -> Result<(), CudaError> {
+        self.gated("gelu_tanh_mul_bf16", out, gate, up, n)
+    }
+
+    /// `x[i] *= factor` for `n` values.
+    pub fn scale(&self, x: &mut CudaSlice<bf16>, factor: f32, n: usize) -> Result<(), CudaError> {
+        let f = self.function("scale_bf16")?;
+        if n == 0 {
+            return Ok(());
+        }
+        need(x, n, "x")?;
+        let n64 = i64::try_from(n).map_err(|_| CudaError::TooLarge(n))?;
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(x).arg(&factor).arg(&n64);
+        // SAFETY: x holds n values; the argument list matches the kernel.
+        unsafe { launch.launch(elementwise_launch(n)) }?;
         Ok(())
     }
 

@@ -52,7 +52,7 @@ mod tests {
     fn every_kernel_is_embedded_as_sm90a_sass_and_isa_9_0_ptx() {
         let mut names: Vec<&str> = MODULES.iter().flat_map(|m| m.functions.iter().copied()).collect();
         names.sort_unstable();
-        assert_eq!(names, ["add_bias_bf16", "add_rmsnorm_bf16", "decode_reduce_bf16", "embedding_bf16", "gemm_bf16", "gemm_bf16_f32out", "gemm_tc_bf16", "gemm_tc_bf16_f32out", "gemv_bf16", "gemv_bf16_f32out", "kv_write_bf16", "paged_decode_bf16", "paged_prefill_bf16", "rope_neox_bf16", "rope_table_bf16", "sample_rows_f32", "silu_mul_bf16"]);
+        assert_eq!(names, ["add_bias_bf16", "add_rmsnorm_bf16", "decode_reduce_bf16", "embedding_bf16", "gelu_tanh_mul_bf16", "gemm_bf16", "gemm_bf16_f32out", "gemm_tc_bf16", "gemm_tc_bf16_f32out", "gemv_bf16", "gemv_bf16_f32out", "kv_write_bf16", "paged_decode_bf16", "paged_prefill_bf16", "rope_neox_bf16", "rope_table_bf16", "sample_rows_f32", "scale_bf16", "silu_mul_bf16"]);
         for m in MODULES {
             assert_eq!(&m.cubin[..4], b"\x7fELF", "{}: cubin is an ELF image", m.name);
             assert!(m.ptx.contains(".version 9.0"), "{}: PTX ISA must stay 9.0", m.name);

@@ -176,12 +176,14 @@ fn kv_write_fills_the_slots_and_skips_negative_ones() {
     assert_eq!(vc, want_v);
 }
 
-/// Softmax attention of one query head over `context` cached tokens, in f64.
+/// Softmax attention of one query head over `context` cached tokens (the
+/// last `window` of them with a window), in f64.
 #[allow(clippy::too_many_arguments)]
-fn attend_reference(q: &[f32], kc: &[f32], vc: &[f32], table: &[i32], context: usize, kvh: usize, kv_dim: usize, block_size: usize, scale: f32) -> Vec<f32> {
+fn attend_reference(q: &[f32], kc: &[f32], vc: &[f32], table: &[i32], context: usize, window: Option<usize>, kvh: usize, kv_dim: usize, block_size: usize, scale: f32) -> Vec<f32> {
     let head_dim = q.len();
     let slot = |t: usize| table[t / block_size] as usize * block_size + t % block_size;
-    let scores: Vec<f64> = (0..context)
+    let first = window.map_or(0, |w| context.saturating_sub(w));
+    let scores: Vec<f64> = (first..context)
         .map(|t| {
             let k = &kc[slot(t) * kv_dim + kvh * head_dim..][..head_dim];
             q.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() * f64::from(scale)
@@ -191,14 +193,14 @@ fn attend_reference(q: &[f32], kc: &[f32], vc: &[f32], table: &[i32], context: u
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let total: f64 = weights.iter().sum();
     (0..head_dim)
-        .map(|d| (0..context).map(|t| weights[t] * f64::from(vc[slot(t) * kv_dim + kvh * head_dim + d])).sum::<f64>() / total)
+        .map(|d| (first..context).map(|t| weights[t - first] * f64::from(vc[slot(t) * kv_dim + kvh * head_dim + d])).sum::<f64>() / total)
         .map(|x| x as f32)
         .collect()
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
-fn paged_decode_matches_the_cpu_across_partitions_and_gqa() {
+fn paged_decode_matches_the_cpu_across_partitions_gqa_and_windows() {
     use spindle_kernels::device::DecodeShape;
     let g = gpu();
     // (heads, kv_heads, head_dim, block_size, context lengths): one split, several, GQA and MHA, odd lengths.
@@ -225,21 +227,26 @@ fn paged_decode_matches_the_cpu_across_partitions_and_gqa() {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let shape = DecodeShape { seqs, heads, kv_heads, head_dim, block_size, max_blocks, max_context };
         let lens: Vec<i32> = contexts.iter().map(|&c| c as i32).collect();
-        let mut out = poisoned(&g, seqs * heads * head_dim);
-        g.paged_decode(&mut out, &g.stream.clone_htod(&q).unwrap(), &g.stream.clone_htod(&kc).unwrap(), &g.stream.clone_htod(&vc).unwrap(),
-                       &g.stream.clone_htod(&tables).unwrap(), &g.stream.clone_htod(&lens).unwrap(), shape, scale).unwrap();
-        let got = g.stream.clone_dtoh(&out).unwrap();
-        let (qf, kf, vf) = (f32s(&q), f32s(&kc), f32s(&vc));
-        let mut reference = Vec::with_capacity(got.len());
-        for (s, &context) in contexts.iter().enumerate() {
-            for h in 0..heads {
-                let qh = &qf[(s * heads + h) * head_dim..][..head_dim];
-                let table = &tables[s * max_blocks..(s + 1) * max_blocks];
-                reference.extend(attend_reference(qh, &kf, &vf, table, context, h / (heads / kv_heads), kv_dim, block_size, scale));
+        // Windows of one token, inside one partition, across a partition's
+        // edge (partitions wholly before the window are empty) and wider
+        // than every context.
+        for window in [None, Some(1), Some(100), Some(300), Some(5000)] {
+            let mut out = poisoned(&g, seqs * heads * head_dim);
+            g.paged_decode(&mut out, &g.stream.clone_htod(&q).unwrap(), &g.stream.clone_htod(&kc).unwrap(), &g.stream.clone_htod(&vc).unwrap(),
+                           &g.stream.clone_htod(&tables).unwrap(), &g.stream.clone_htod(&lens).unwrap(), shape, scale, window).unwrap();
+            let got = g.stream.clone_dtoh(&out).unwrap();
+            let (qf, kf, vf) = (f32s(&q), f32s(&kc), f32s(&vc));
+            let mut reference = Vec::with_capacity(got.len());
+            for (s, &context) in contexts.iter().enumerate() {
+                for h in 0..heads {
+                    let qh = &qf[(s * heads + h) * head_dim..][..head_dim];
+                    let table = &tables[s * max_blocks..(s + 1) * max_blocks];
+                    reference.extend(attend_reference(qh, &kf, &vf, table, context, window, h / (heads / kv_heads), kv_dim, block_size, scale));
+                }
             }
+            let err = rel_err(&got, &reference);
+            assert!(err < TOLERANCE, "{shape:?} window {window:?}: rel err {err}");
         }
-        let err = rel_err(&got, &reference);
-        assert!(err < TOLERANCE, "{shape:?}: rel err {err}");
     }
 }
 
@@ -252,8 +259,11 @@ fn paged_decode_rejects_shapes_it_does_not_take() {
     let ints = g.stream.clone_htod(&[0i32; 2]).unwrap();
     let mut out = poisoned(&g, 8);
     let shape = DecodeShape { seqs: 1, heads: 3, kv_heads: 2, head_dim: 8, block_size: 16, max_blocks: 1, max_context: 1 };
-    let err = g.paged_decode(&mut out, &one, &one, &one, &ints, &ints, shape, 1.0).unwrap_err();
+    let err = g.paged_decode(&mut out, &one, &one, &one, &ints, &ints, shape, 1.0, None).unwrap_err();
     assert!(err.to_string().contains("multiple of kv_heads"), "{err}");
+    let fine = DecodeShape { heads: 2, ..shape };
+    let err = g.paged_decode(&mut out, &one, &one, &one, &ints, &ints, fine, 1.0, Some(0)).unwrap_err();
+    assert!(err.to_string().contains("window of 0"), "{err}");
 }
 
 #[test]
@@ -320,7 +330,36 @@ fn rope_tables_match_the_cpu_in_both_layouts() {
 
 #[test]
 #[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
-fn paged_prefill_matches_the_cpu_causally_over_cached_prefixes() {
+fn gated_activations_and_scaling_match_the_cpu() {
+    let g = gpu();
+    for n in [1, 255, 257, 70_000] {
+        let (gate, up) = (random(n, 31, 4.0), random(n, 32, 2.0));
+        let (dg, du) = (g.stream.clone_htod(&gate).unwrap(), g.stream.clone_htod(&up).unwrap());
+        let (gf, uf) = (f32s(&gate), f32s(&up));
+        let gelu: Vec<f32> = gf.iter().zip(&uf).map(|(&x, &u)| {
+            let x = f64::from(x);
+            (0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()) * f64::from(u)) as f32
+        }).collect();
+        let silu: Vec<f32> = gf.iter().zip(&uf).map(|(&x, &u)| x / (1.0 + (-x).exp()) * u).collect();
+        let mut out = poisoned(&g, n);
+        g.gelu_tanh_mul(&mut out, &dg, &du, n).unwrap();
+        let err = rel_err(&g.stream.clone_dtoh(&out).unwrap(), &gelu);
+        assert!(err < TOLERANCE, "gelu_tanh n {n}: rel err {err}");
+        let mut out = poisoned(&g, n);
+        g.silu_mul(&mut out, &dg, &du, n).unwrap();
+        let err = rel_err(&g.stream.clone_dtoh(&out).unwrap(), &silu);
+        assert!(err < TOLERANCE, "silu n {n}: rel err {err}");
+        let mut x = g.stream.clone_htod(&up).unwrap();
+        g.scale(&mut x, 25.3, n).unwrap();
+        let scaled: Vec<f32> = uf.iter().map(|u| u * 25.3).collect();
+        let err = rel_err(&g.stream.clone_dtoh(&x).unwrap(), &scaled);
+        assert!(err < TOLERANCE, "scale n {n}: rel err {err}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
+fn paged_prefill_matches_the_cpu_causally_over_cached_prefixes_and_windows() {
     use spindle_kernels::device::PrefillShape;
     let g = gpu();
     // (cached prefix, new tokens) per sequence: a lone token, tiles that
@@ -352,37 +391,41 @@ fn paged_prefill_matches_the_cpu_causally_over_cached_prefixes() {
             max_blocks,
         };
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let mut out = poisoned(&g, tokens * heads * head_dim);
-        let dev = |v: &[i32]| g.stream.clone_htod(v).unwrap();
-        let (dk, dv, dq) = (g.stream.clone_htod(&kc).unwrap(), g.stream.clone_htod(&vc).unwrap(), g.stream.clone_htod(&q).unwrap());
-        let result = g.paged_prefill(&mut out, &dq, &dk, &dv, &dev(&tables), &dev(&q_starts), &dev(&start_pos), shape, scale);
-        if !PrefillShape::supports_head_dim(head_dim) {
-            let err = result.unwrap_err();
-            assert!(err.to_string().contains("multiple of 16"), "{err}");
-            continue;
-        }
-        result.unwrap();
-        let got = g.stream.clone_dtoh(&out).unwrap();
-        let (kf, vf, qf) = (f32s(&kc), f32s(&vc), f32s(&q));
-        let mut reference = vec![0.0f32; tokens * heads * head_dim];
-        for (s, (prefix, n)) in seqs_spec.iter().enumerate() {
-            let table = &tables[s * max_blocks..(s + 1) * max_blocks];
-            for i in 0..*n {
-                let row = q_starts[s] as usize + i;
-                for h in 0..heads {
-                    let at = (row * heads + h) * head_dim;
-                    let o = attend_reference(&qf[at..at + head_dim], &kf, &vf, table, prefix + i + 1, h / (heads / kv_heads), kv_dim, block_size, scale);
-                    reference[at..at + head_dim].copy_from_slice(&o);
+        // No window; one token; windows that end inside a key tile, that
+        // skip whole tiles of the long prefix, and wider than any context.
+        for window in [None, Some(1), Some(70), Some(130), Some(1000)] {
+            let mut out = poisoned(&g, tokens * heads * head_dim);
+            let dev = |v: &[i32]| g.stream.clone_htod(v).unwrap();
+            let (dk, dv, dq) = (g.stream.clone_htod(&kc).unwrap(), g.stream.clone_htod(&vc).unwrap(), g.stream.clone_htod(&q).unwrap());
+            let result = g.paged_prefill(&mut out, &dq, &dk, &dv, &dev(&tables), &dev(&q_starts), &dev(&start_pos), shape, scale, window);
+            if !PrefillShape::supports_head_dim(head_dim) {
+                let err = result.unwrap_err();
+                assert!(err.to_string().contains("multiple of 16"), "{err}");
+                continue;
+            }
+            result.unwrap();
+            let got = g.stream.clone_dtoh(&out).unwrap();
+            let (kf, vf, qf) = (f32s(&kc), f32s(&vc), f32s(&q));
+            let mut reference = vec![0.0f32; tokens * heads * head_dim];
+            for (s, (prefix, n)) in seqs_spec.iter().enumerate() {
+                let table = &tables[s * max_blocks..(s + 1) * max_blocks];
+                for i in 0..*n {
+                    let row = q_starts[s] as usize + i;
+                    for h in 0..heads {
+                        let at = (row * heads + h) * head_dim;
+                        let o = attend_reference(&qf[at..at + head_dim], &kf, &vf, table, prefix + i + 1, window, h / (heads / kv_heads), kv_dim, block_size, scale);
+                        reference[at..at + head_dim].copy_from_slice(&o);
+                    }
                 }
             }
-        }
-        let err = rel_err(&got, &reference);
-        assert!(err < TOLERANCE, "heads {heads}/{kv_heads} head_dim {head_dim}: rel err {err}");
-        // The worst single row too, so one wrong tile cannot hide in the norm.
-        for row in 0..tokens * heads {
-            let r = &reference[row * head_dim..(row + 1) * head_dim];
-            let e = rel_err(&got[row * head_dim..(row + 1) * head_dim], r);
-            assert!(e < 3.0 * TOLERANCE, "head_dim {head_dim}: row {row} (token {}, head {}) rel err {e}", row / heads, row % heads);
+            let err = rel_err(&got, &reference);
+            assert!(err < TOLERANCE, "heads {heads}/{kv_heads} head_dim {head_dim} window {window:?}: rel err {err}");
+            // The worst single row too, so one wrong tile cannot hide in the norm.
+            for row in 0..tokens * heads {
+                let r = &reference[row * head_dim..(row + 1) * head_dim];
+                let e = rel_err(&got[row * head_dim..(row + 1) * head_dim], r);
+                assert!(e < 3.0 * TOLERANCE, "head_dim {head_dim} window {window:?}: row {row} (token {}, head {}) rel err {e}", row / heads, row % heads);
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The CUDA backend against the CPU backend on the same weights: tiny random
 //! models (Llama with GQA and untied head; Qwen3 with q/k norms and a wide
-//! head; Qwen2 with q/k/v biases) and, when `SPINDLE_MODEL_GGUF` is set, SmolLM2-135M. For each: the
+//! head; Qwen2 with q/k/v biases; Gemma 3 with a sliding-window layer,
+//! post-norms and the GELU MLP) and, when `SPINDLE_MODEL_GGUF` is set, SmolLM2-135M. For each: the
 //! logits of a prefill (every position) and of decode steps agree within
 //! bf16 tolerance, and 32 greedy tokens agree (a step whose top-2 gap on
 //! the CPU is within twice the step's largest logit error is a near tie, not
@@ -338,7 +339,11 @@ fn tiny_models_match_the_cpu_backend() {
     qwen3.max_position = 1024;
     // Qwen2: q/k/v biases, added after their GEMMs.
     let qwen2 = TinyModelOptions { max_position: 1024, ..TinyModelOptions::new(TinyArch::Qwen2) };
-    for (name, opts) in [("tiny-llama", llama), ("tiny-qwen3", qwen3), ("tiny-qwen2", qwen2)] {
+    // Gemma 3: scaled embeddings, (1 + w) pre- and post-norms, q/k norms,
+    // GELU-tanh MLP, its own attention scale, and layer 0 a 6-token sliding
+    // window with its own RoPE base (prefill, chunks and decode cross it).
+    let gemma3 = TinyModelOptions { max_position: 1024, dtype: TinyDtype::Bf16, ..TinyModelOptions::new(TinyArch::Gemma3) };
+    for (name, opts) in [("tiny-llama", llama), ("tiny-qwen3", qwen3), ("tiny-qwen2", qwen2), ("tiny-gemma3", gemma3)] {
         let dir = tmp.path().join(name);
         write_tiny_model(&opts, &dir).unwrap();
         compare(dir.to_str().unwrap(), &prompt, name);

@@ -41,12 +41,6 @@ pub(crate) fn cuda_executor(
     options: &crate::open::EngineOptions,
     progress: crate::open::Progress<'_>,
 ) -> Result<Box<dyn crate::runner::Executor + Send>> {
-    if meta.config.sliding_window.is_some() || meta.config.post_norms() {
-        return Err(crate::error::EngineError::Backend(format!(
-            "{:?} models run on the CPU backend only for now (no sliding-window attention, GELU MLP or post-norms on CUDA yet); use --device cpu",
-            meta.config.family
-        )));
-    }
     #[cfg(feature = "cuda")]
     {
         let switches = cuda::CudaSwitches { cuda_graphs: options.cuda_graphs, cublas: options.cublas };

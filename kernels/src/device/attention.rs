@@ -86,6 +86,15 @@ impl DecodeShape {
     }
 }
 
+/// A kernel's `window` argument: 0 for none; a window of 0 tokens is an error.
+pub(super) fn window_arg(window: Option<usize>) -> Result<i32, CudaError> {
+    match window {
+        None => Ok(0),
+        Some(0) => Err(CudaError::Shape("a sliding window of 0 tokens".into())),
+        Some(w) => int(w),
+    }
+}
+
 impl Gpu {
     /// `k_cache[slots[t]] = k[t]` and `v_cache[slots[t]] = v[t]` for `tokens`
     /// rows of `kv_dim`; a negative slot skips its token.
@@ -155,19 +164,22 @@ impl Gpu {
         context_lens: &CudaSlice<i32>,
         shape: DecodeShape,
         scale: f32,
+        window: Option<usize>,
     ) -> Result<(), CudaError> {
         if shape.seqs == 0 || shape.heads == 0 {
             return Ok(());
         }
         shape.check()?;
         let scratch = self.decode_scratch(&shape)?;
-        self.paged_decode_in(out, q, k_cache, v_cache, block_tables, context_lens, shape, scale, scratch.as_ref())
+        self.paged_decode_in(out, q, k_cache, v_cache, block_tables, context_lens, shape, scale, window, scratch.as_ref())
     }
 
     /// Decode attention: `out[s, h] = softmax(scale · q[s, h] · K_s) · V_s`
     /// over the first `context_lens[s]` tokens of sequence `s`'s blocks
     /// (`block_tables` is `[seqs, max_blocks]`), GQA by `heads / kv_heads`.
-    /// `q` and `out` are `[seqs, heads, head_dim]`.
+    /// `q` and `out` are `[seqs, heads, head_dim]`. With `window` (a
+    /// sliding-window layer) only the last `window` tokens of each context
+    /// are attended.
     /// Allocates nothing (it can be captured into a CUDA graph): a split
     /// context needs `scratch` from [`Self::decode_scratch`] for this shape.
     #[allow(clippy::too_many_arguments)]
@@ -181,6 +193,7 @@ impl Gpu {
         context_lens: &CudaSlice<i32>,
         shape: DecodeShape,
         scale: f32,
+        window: Option<usize>,
         scratch: Option<&DecodeScratch>,
     ) -> Result<(), CudaError> {
         let decode = self.function("paged_decode_bf16")?;
@@ -199,6 +212,7 @@ impl Gpu {
         let chunk = shape.chunk();
         let (max_blocks, heads, kv_heads) = (int(shape.max_blocks)?, int(shape.heads)?, int(shape.kv_heads)?);
         let (head_dim, block_size, parts32) = (int(shape.head_dim)?, int(shape.block_size)?, int(parts)?);
+        let window32 = window_arg(window)?;
         let work = match scratch {
             Some(w) if parts > 1 => {
                 if w.partials < chunk * shape.heads * parts || w.head_dim < shape.head_dim {
@@ -221,7 +235,7 @@ impl Gpu {
                 None => launch.arg(&null).arg(&null).arg(&null),
             };
             launch.arg(q).arg(k_cache).arg(v_cache).arg(block_tables).arg(context_lens);
-            launch.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&block_size).arg(&scale).arg(&base32);
+            launch.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&block_size).arg(&scale).arg(&base32).arg(&window32);
             // SAFETY: the arguments match the kernel; the lengths were checked
             // above, the tables hold valid block ids and the context lengths
             // are at most max_context (the caller's contract), and the

@@ -83,7 +83,9 @@ impl Gpu {
     /// head_dim]`) at positions `start_pos[s]..`, and each attends causally
     /// to the cached keys and values up to its own position through the
     /// sequence's row of `block_tables` (`[seqs, max_blocks]`). The keys and
-    /// values of the new tokens must already be in the cache.
+    /// values of the new tokens must already be in the cache. With `window`
+    /// (a sliding-window layer) a query at position p sees only the keys j
+    /// with p − j < window.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_prefill(
         &self,
@@ -96,8 +98,10 @@ impl Gpu {
         start_pos: &CudaSlice<i32>,
         shape: PrefillShape,
         scale: f32,
+        window: Option<usize>,
     ) -> Result<(), CudaError> {
         let f = self.function("paged_prefill_bf16")?;
+        let window32 = super::attention::window_arg(window)?;
         if shape.seqs == 0 || shape.tokens == 0 || shape.heads == 0 {
             return Ok(());
         }
@@ -130,7 +134,7 @@ impl Gpu {
         let (head_dim, block_size) = (int(shape.head_dim)?, int(shape.block_size)?);
         let mut launch = self.stream.launch_builder(f);
         launch.arg(out).arg(q).arg(k_cache).arg(v_cache).arg(block_tables).arg(q_starts).arg(start_pos);
-        launch.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&block_size).arg(&scale);
+        launch.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&block_size).arg(&scale).arg(&window32);
         // SAFETY: the argument list matches the kernel; q and out hold tokens
         // rows, the tables seqs rows; q_starts is non-decreasing with
         // q_starts[seqs] <= tokens, every block a sequence's positions reach is

@@ -41,24 +41,26 @@ pub(crate) struct GraphAttention {
     pub(super) context: CudaSlice<i32>,
     /// Split-K partials for the largest context bucket.
     pub(super) scratch: Option<DecodeScratch>,
-    /// `1 / √head_dim`.
+    /// The attention scale (`1 / √head_dim`, or the model's own).
     pub(super) scale: f32,
 }
 
 impl StepAttention {
     /// `out` = attention of `q` over `k` / `v` (which hold this step's keys
-    /// and values); every row written once.
-    pub(crate) fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>) -> Result<()> {
+    /// and values), within `window` positions on a sliding-window layer;
+    /// every row written once.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(&self, g: &Gpu, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>, window: Option<usize>) -> Result<()> {
         match self {
             Self::Eager(a) => {
                 if let Some(d) = &a.decode {
-                    g.paged_decode(out, q, k, v, &d.tables, &d.context, d.shape, a.scale)?;
+                    g.paged_decode(out, q, k, v, &d.tables, &d.context, d.shape, a.scale, window)?;
                 }
                 if let Some(f) = &a.prefill {
-                    g.paged_prefill(out, q, k, v, &f.tables, &f.q_starts, &f.start_pos, f.shape, a.scale)?;
+                    g.paged_prefill(out, q, k, v, &f.tables, &f.q_starts, &f.start_pos, f.shape, a.scale, window)?;
                 }
             }
-            Self::Graph(a) => g.paged_decode_in(out, q, k, v, &a.tables, &a.context, a.shape, a.scale, a.scratch.as_ref())?,
+            Self::Graph(a) => g.paged_decode_in(out, q, k, v, &a.tables, &a.context, a.shape, a.scale, window, a.scratch.as_ref())?,
         }
         Ok(())
     }
@@ -91,7 +93,7 @@ fn eager(model: &CudaBackend, p: &Plan) -> Result<Attention> {
     let prefill = host.prefill.map(|f| -> Result<Prefill> {
         Ok(Prefill { shape: f.shape, tables: s.clone_htod(f.tables)?, q_starts: s.clone_htod(f.q_starts)?, start_pos: s.clone_htod(f.start_pos)? })
     });
-    Ok(Attention { decode: decode.transpose()?, prefill: prefill.transpose()?, scale: 1.0 / (c.head_dim as f32).sqrt() })
+    Ok(Attention { decode: decode.transpose()?, prefill: prefill.transpose()?, scale: c.attention_scale() })
 }
 
 /// Whether every token of `p` runs decode attention as its own row: the

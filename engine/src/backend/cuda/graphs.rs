@@ -182,13 +182,18 @@ impl CudaBackend {
             tables: s.alloc_zeros(size * cap_blocks)?,
             context: s.alloc_zeros(size)?,
             scratch: self.gpu.decode_scratch_for(partials, c.head_dim)?,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            scale: c.attention_scale(),
+        };
+        let local = match self.local_rope {
+            Some(_) => Some((s.alloc_zeros(size * half)?, s.alloc_zeros(size * half)?)),
+            None => None,
         };
         let step = CudaStep {
             ids: s.alloc_zeros(size)?,
             slots: s.alloc_zeros(size)?,
             cos: s.alloc_zeros(size * half)?,
             sin: s.alloc_zeros(size * half)?,
+            local,
             attention: StepAttention::Graph(attention),
             logit_rows: LogitRows::All(size),
         };
@@ -226,6 +231,12 @@ impl CudaBackend {
         s.memcpy_htod(&padded.slots, &mut step.slots)?;
         s.memcpy_htod(angles.cos(), &mut step.cos)?;
         s.memcpy_htod(angles.sin(), &mut step.sin)?;
+        if let Some((cos, sin)) = &mut step.local {
+            self.local_angles(&padded.positions, |a| {
+                s.memcpy_htod(a.cos(), cos)?;
+                Ok(s.memcpy_htod(a.sin(), sin)?)
+            })?;
+        }
         if let StepAttention::Graph(a) = &mut step.attention {
             s.memcpy_htod(&padded.tables, &mut a.tables)?;
             s.memcpy_htod(&padded.context, &mut a.context)?;

@@ -88,6 +88,8 @@ pub struct CudaStep {
     pub(crate) cos: CudaSlice<f32>,
     /// RoPE sines, rows of head_dim / 2.
     pub(crate) sin: CudaSlice<f32>,
+    /// The sliding-window layers' RoPE cosines and sines (Gemma 3), if any.
+    pub(crate) local: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     /// The step's attention launches.
     pub(crate) attention: StepAttention,
     /// Which rows go through the output head.
@@ -116,6 +118,8 @@ pub struct CudaBackend {
     workspace: Option<Workspace<CudaBackend>>,
     /// CUDA graphs of decode steps.
     graphs: graphs::DecodeGraphs,
+    /// RoPE of the sliding-window layers, where the model has them.
+    local_rope: Option<Rope>,
     /// Last, so that it (the cuBLAS handle and its workspace) outlives
     /// everything above.
     gpu: Gpu,
@@ -151,6 +155,7 @@ impl CudaBackend {
             num_blocks: 0,
             workspace: None,
             graphs: graphs::DecodeGraphs::new(switches.cuda_graphs),
+            local_rope: local_rope(config),
             gpu,
         })
     }
@@ -208,6 +213,11 @@ impl Fraction {
 
 /// KV blocks of `block_bytes` that fit in `fraction` of the device's memory
 /// beside what is already used and [`WORKSPACE_BYTES`].
+/// The sliding-window layers' RoPE of a model of `c`, if it has them.
+fn local_rope(c: &ModelConfig) -> Option<Rope> {
+    c.sliding_window.map(|w| Rope::with_base(c, w.local_rope_theta))
+}
+
 fn blocks_for_fraction(gpu: &Gpu, fraction: f64, block_bytes: usize) -> Result<usize> {
     // Checked before the device is asked anything.
     let fraction = Fraction::new(fraction)?;
@@ -292,6 +302,7 @@ impl Backend for CudaBackend {
             self.v_cache.push(self.gpu.stream.alloc_zeros::<bf16>(per_layer)?);
         }
         self.config = c.clone();
+        self.local_rope = local_rope(c);
         self.block_size = block_size;
         self.num_blocks = num_blocks;
         Ok(self.kv_geometry())
@@ -336,6 +347,12 @@ impl Backend for CudaBackend {
         Ok(self.gpu.rope_table(x, &step.cos, &step.sin, rows, heads, self.config.head_dim, interleaved)?)
     }
 
+    fn rope_local(&self, x: &mut CudaSlice<bf16>, step: &CudaStep, rows: usize, heads: usize) -> Result<()> {
+        let (cos, sin) = step.local.as_ref().ok_or_else(|| EngineError::Backend("this model has no sliding-window layers".into()))?;
+        let interleaved = self.config.rope_style == RopeStyle::Interleaved;
+        Ok(self.gpu.rope_table(x, cos, sin, rows, heads, self.config.head_dim, interleaved)?)
+    }
+
     fn kv_write(&mut self, layer: usize, k: &CudaSlice<bf16>, v: &CudaSlice<bf16>, step: &CudaStep, rows: usize) -> Result<()> {
         let kv_dim = self.config.kv_dim();
         let (kc, vc) = (&mut self.k_cache[layer], &mut self.v_cache[layer]);
@@ -343,11 +360,20 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, layer: usize, out: &mut CudaSlice<bf16>, q: &CudaSlice<bf16>, step: &CudaStep, _rows: usize) -> Result<()> {
-        step.attention.run(&self.gpu, out, q, &self.k_cache[layer], &self.v_cache[layer])
+        let window = self.config.layer_window(layer);
+        step.attention.run(&self.gpu, out, q, &self.k_cache[layer], &self.v_cache[layer], window)
     }
 
     fn silu_mul(&self, out: &mut CudaSlice<bf16>, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>, rows: usize, width: usize) -> Result<()> {
         Ok(self.gpu.silu_mul(out, gate, up, rows * width)?)
+    }
+
+    fn gelu_tanh_mul(&self, out: &mut CudaSlice<bf16>, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>, rows: usize, width: usize) -> Result<()> {
+        Ok(self.gpu.gelu_tanh_mul(out, gate, up, rows * width)?)
+    }
+
+    fn scale(&self, x: &mut CudaSlice<bf16>, rows: usize, width: usize, factor: f32) -> Result<()> {
+        Ok(self.gpu.scale(x, factor, rows * width)?)
     }
 
     fn logits(&self, out: &mut CudaSlice<f32>, picked: &mut CudaSlice<bf16>, hidden: &CudaSlice<bf16>, head: &GpuLinear, step: &CudaStep) -> Result<()> {

@@ -8,7 +8,7 @@ use super::{CudaBackend, CudaStep, LogitRows};
 use crate::backend::{DeviceSampling, PassFn, Presampled, StepLayout, StepLogits, Workspace};
 use crate::batch::ForwardBatch;
 use crate::error::Result;
-use crate::model::ops::Rope;
+use crate::model::ops::{Rope, RopeAngles};
 use crate::sampling::{PenaltyCounts, SampledToken};
 use cudarc::driver::CudaSlice;
 use rayon::prelude::*;
@@ -40,6 +40,12 @@ impl CudaBackend {
         result
     }
 
+    /// `upload` of the sliding-window layers' RoPE angles at `positions`,
+    /// where the model has such layers.
+    pub(super) fn local_angles<T>(&self, positions: &[usize], upload: impl FnOnce(&RopeAngles) -> Result<T>) -> Result<Option<T>> {
+        self.local_rope.as_ref().map(|r| upload(&r.angles(positions))).transpose()
+    }
+
     /// The step's inputs on the device, for an eager run.
     fn eager_step(&self, layout: &StepLayout, rope: &Rope) -> Result<CudaStep> {
         let s = &self.gpu.stream;
@@ -53,6 +59,7 @@ impl CudaBackend {
             slots: s.clone_htod(&layout.slots)?,
             cos: s.clone_htod(angles.cos())?,
             sin: s.clone_htod(angles.sin())?,
+            local: self.local_angles(&layout.positions, |a| Ok((s.clone_htod(a.cos())?, s.clone_htod(a.sin())?)))?,
             attention: super::attention::plan(self, layout)?,
             logit_rows,
         })
