@@ -1,5 +1,5 @@
-//! Decode-step time at batch 1/4/16 (context 128) and batch 1 at context
-//! 512, and prefill throughput at 128/512 tokens
+//! Decode-step time at batch 1/4/16 (context 128) and batch 1 at contexts
+//! 512 and 2048, and prefill throughput at 128/512 tokens
 //! on SmolLM2-135M-Instruct (Q4_1), with the rayon pool's thread count
 //! (`RAYON_NUM_THREADS`, default: all cores).
 
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 const BLOCK: usize = 16;
 /// (sequences, tokens already in each one's cache) of every decode case.
-const DECODE_CASES: [(usize, usize); 4] = [(1, 128), (4, 128), (16, 128), (1, 512)];
+const DECODE_CASES: [(usize, usize); 5] = [(1, 128), (4, 128), (16, 128), (1, 512), (1, 2048)];
 
 fn seq(tokens: Vec<u32>, start: usize, table: &[u32]) -> SeqInput {
     SeqInput {

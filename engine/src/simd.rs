@@ -3,6 +3,9 @@
 
 use std::sync::OnceLock;
 
+mod scores;
+pub use scores::scaled_dots;
+
 fn use_avx2() -> bool {
     static AVX2: OnceLock<bool> = OnceLock::new();
     *AVX2.get_or_init(|| {
@@ -81,13 +84,19 @@ pub fn weighted_sum_heads(out: &mut [f32], n: usize, weights: &[f32], stride: us
         while h < heads {
             let take = if heads - h >= 4 { 4 } else if heads - h >= 2 { 2 } else { 1 };
             let (o, w) = (out[h * n..].as_mut_ptr(), &weights[h * stride..]);
+            let (d, st) = (data.as_ptr(), &starts[..rows]);
             // SAFETY: AVX2/FMA detected; `take` heads of n outputs and of `rows` weights
-            // (stride apart) exist (checked above); every row is in `data` (checked).
+            // (stride apart) exist (checked above); every row is in `data` (checked);
+            // each column width divides n.
             unsafe {
+                // As many columns as 8 accumulators hold (each output's sum is the
+                // same whatever the width: rows are added in order either way).
                 match take {
-                    4 => avx_rows::weighted_sum_heads::<4>(o, n, w, stride, data.as_ptr(), &starts[..rows]),
-                    2 => avx_rows::weighted_sum_heads::<2>(o, n, w, stride, data.as_ptr(), &starts[..rows]),
-                    _ => avx_rows::weighted_sum_heads::<1>(o, n, w, stride, data.as_ptr(), &starts[..rows]),
+                    4 => avx_rows::weighted_sum_heads::<4, 2>(o, n, w, stride, d, st),
+                    2 if n.is_multiple_of(32) => avx_rows::weighted_sum_heads::<2, 4>(o, n, w, stride, d, st),
+                    2 => avx_rows::weighted_sum_heads::<2, 2>(o, n, w, stride, d, st),
+                    _ if n.is_multiple_of(64) => avx_rows::weighted_sum_heads::<1, 8>(o, n, w, stride, d, st),
+                    _ => avx_rows::weighted_sum_heads::<1, 2>(o, n, w, stride, d, st),
                 }
             }
             h += take;
@@ -238,27 +247,29 @@ mod avx_rows {
         }
     }
 
-    /// See [`super::weighted_sum_heads`]: `H` heads × 16 columns in registers;
-    /// each row's 16 values are loaded once for all `H` heads.
+    /// See [`super::weighted_sum_heads`]: `H` heads × `8·C` columns in
+    /// registers; each row's `8·C` values are loaded once for all `H` heads.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn weighted_sum_heads<const H: usize>(out: *mut f32, n: usize, weights: &[f32], stride: usize, data: *const f32, starts: &[usize]) {
+    pub unsafe fn weighted_sum_heads<const H: usize, const C: usize>(out: *mut f32, n: usize, weights: &[f32], stride: usize, data: *const f32, starts: &[usize]) {
         // SAFETY (whole body): out has H * n elements; weights has (H - 1) * stride + starts.len();
-        // each row starts[i]..starts[i] + n is readable; n is a multiple of 16.
+        // each row starts[i]..starts[i] + n is readable; n is a multiple of 8 * C.
         unsafe {
-            for col in (0..n).step_by(16) {
-                let mut acc = [[_mm256_setzero_ps(); 2]; H];
+            for col in (0..n).step_by(8 * C) {
+                let mut acc = [[_mm256_setzero_ps(); C]; H];
                 for (i, &start) in starts.iter().enumerate() {
                     let row = data.add(start + col);
-                    let v = [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))];
+                    let v: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(row.add(8 * c)));
                     for (h, a) in acc.iter_mut().enumerate() {
                         let w = _mm256_set1_ps(*weights.get_unchecked(h * stride + i));
-                        a[0] = _mm256_fmadd_ps(w, v[0], a[0]);
-                        a[1] = _mm256_fmadd_ps(w, v[1], a[1]);
+                        for (a, v) in a.iter_mut().zip(&v) {
+                            *a = _mm256_fmadd_ps(w, *v, *a);
+                        }
                     }
                 }
                 for (h, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(out.add(h * n + col), a[0]);
-                    _mm256_storeu_ps(out.add(h * n + col + 8), a[1]);
+                    for (c, a) in a.iter().enumerate() {
+                        _mm256_storeu_ps(out.add(h * n + col + 8 * c), *a);
+                    }
                 }
             }
         }
@@ -271,7 +282,7 @@ mod tests {
 
     #[test]
     fn weighted_sum_heads_equals_weighted_sum_per_head() {
-        for (n, heads) in [(16usize, 1usize), (32, 6), (128, 7), (64, 3), (40, 2)] {
+        for (n, heads) in [(16usize, 1usize), (32, 6), (128, 7), (64, 3), (40, 2), (64, 1), (256, 2), (48, 2)] {
             let rows = 11;
             let data: Vec<f32> = (0..n * 13).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
             let starts: Vec<usize> = (0..rows).map(|i| (i * 7 % 13) * n).collect();

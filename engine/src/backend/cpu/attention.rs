@@ -108,8 +108,8 @@ impl KeyBlocks<'_> {
 }
 
 /// Query heads `head..head + q.len() / head_dim` (all of one KV head) over
-/// the positions `blocks` covers: each key is dotted with every head while it
-/// is in cache, each value row added into every head's output.
+/// the positions `blocks` covers: each head's scores eight keys at a time,
+/// each value row added into every head's output.
 #[allow(clippy::too_many_arguments)]
 fn attend(q: &[f32], blocks: KeyBlocks<'_>, keys: &[f32], values: &[f32], head: usize, shape: HeadShape, scratch: &mut Scratch, acc: &mut [f32]) {
     let d = shape.head_dim;
@@ -120,11 +120,8 @@ fn attend(q: &[f32], blocks: KeyBlocks<'_>, keys: &[f32], values: &[f32], head: 
     let heads = q.len() / d;
     scratch.scores.clear();
     scratch.scores.resize(heads * n, 0.0);
-    for (j, &k) in scratch.starts.iter().enumerate() {
-        let key = &keys[k..k + d];
-        for (h, qh) in q.chunks_exact(d).enumerate() {
-            scratch.scores[h * n + j] = simd::dot(qh, key) * shape.scale;
-        }
+    for (h, qh) in q.chunks_exact(d).enumerate() {
+        simd::scaled_dots(&mut scratch.scores[h * n..(h + 1) * n], qh, shape.scale, keys, &scratch.starts);
     }
     for scores in scratch.scores.chunks_exact_mut(n.max(1)) {
         softmax(scores);
