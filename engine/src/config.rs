@@ -289,6 +289,9 @@ fn hf_sliding_window(cfg: &Value, family: ArchFamily) -> Result<Option<SlidingWi
     }
     let Some(size) = cfg["sliding_window"].as_u64() else { return Ok(None) };
     let pattern = match (cfg["sliding_window_pattern"].as_u64(), cfg["layer_types"].as_array()) {
+        (Some(p), Some(types)) if pattern_of_layer_types(types).ok() != Some(p as usize) => {
+            return Err(EngineError::InvalidConfig(format!("sliding_window_pattern {p} disagrees with layer_types")))
+        }
         (Some(p), _) => p as usize,
         (None, Some(types)) if Some(types.len() as u64) != cfg["num_hidden_layers"].as_u64() => {
             return Err(EngineError::InvalidConfig(format!("layer_types lists {} layers, the model has {}", types.len(), cfg["num_hidden_layers"])))
@@ -424,6 +427,9 @@ mod tests {
         let mut short = types(&["sliding_attention", "full_attention"]);
         short["num_hidden_layers"] = json!(4);
         assert!(ModelConfig::from_hf_json(&short).is_err(), "a list of the wrong length is refused");
+        let mut both = types(&["sliding_attention", "full_attention"]);
+        both["sliding_window_pattern"] = json!(6);
+        assert!(ModelConfig::from_hf_json(&both).is_err(), "a pattern that disagrees with layer_types is refused");
     }
 
     #[test]

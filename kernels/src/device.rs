@@ -86,13 +86,13 @@ fn int(n: usize) -> Result<i32, CudaError> {
     i32::try_from(n).map_err(|_| CudaError::TooLarge(n))
 }
 
-/// Threads per block for a row of `n` values (a multiple of 32, 32..=1024).
 /// A grid-stride launch over `n` values: 256 threads a block, at most 65 535 blocks.
 fn elementwise_launch(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// Threads per block for a row of `n` values (a multiple of 32, 32..=1024).
 fn row_block(n: usize) -> u32 {
     (n.clamp(1, 1024).div_ceil(32) * 32) as u32
 }

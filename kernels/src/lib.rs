@@ -4,7 +4,8 @@
 //! only the driver at run time. Without the feature the crate is empty.
 //!
 //! Kernels so far (bf16 data, f32 math): `add_rmsnorm_bf16` (RMSNorm with
-//! the residual add fused), `silu_mul_bf16`, `embedding_bf16`,
+//! the residual add fused), `silu_mul_bf16`, `gelu_tanh_mul_bf16`,
+//! `scale_bf16`, `embedding_bf16`,
 //! `rope_neox_bf16`, `kv_write_bf16` (new keys/values into their paged
 //! slots) and `paged_decode_bf16` + `decode_reduce_bf16` (decode attention
 //! over the paged cache, GQA, split along the context), `gemm_bf16` /

@@ -347,6 +347,13 @@ def load_hf_dir(path: str, dtype=np.float64) -> Model:
     if rs is None and rp.get("rope_type", "default") not in ("default", None):
         rs = rp
     theta = c.get("rope_theta", rp.get("rope_theta", 10000.0))
+    if gemma3 and "full_attention" in rp:
+        # transformers 5 keys Gemma 3's RoPE by layer type: the global layers'
+        # base and scaling are under `full_attention`.
+        full = rp["full_attention"] or {}
+        theta = c.get("rope_theta", full.get("rope_theta", 10000.0))
+        if rs is None and full.get("rope_type", "default") not in ("default", None):
+            rs = full
 
     prefix = "model."
     if "model.embed_tokens.weight" not in W and "model.language_model.embed_tokens.weight" in W:

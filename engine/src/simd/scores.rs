@@ -13,7 +13,7 @@
 pub fn scaled_dots(out: &mut [f32], q: &[f32], scale: f32, data: &[f32], starts: &[usize]) {
     let d = q.len();
     assert!(out.len() >= starts.len(), "scaled_dots: too few outputs");
-    assert!(starts.iter().all(|&s| s + d <= data.len()), "scaled_dots: a row runs past the data");
+    assert!(starts.iter().all(|&s| d <= data.len() && s <= data.len() - d), "scaled_dots: a row runs past the data");
     #[cfg(target_arch = "x86_64")]
     if super::use_avx2() && d.is_multiple_of(8) && !starts.is_empty() {
         // SAFETY: AVX2 and FMA were detected; every row start..start + d is in
@@ -128,5 +128,10 @@ mod tests {
             scaled_dots(&mut out, &[1.0; 8], 1.0, &[0.0; 12], &[5]);
         });
         assert!(result.is_err());
+        let wraps = std::panic::catch_unwind(|| {
+            let mut out = [0f32; 1];
+            scaled_dots(&mut out, &[1.0; 8], 1.0, &[0.0; 12], &[usize::MAX - 2]);
+        });
+        assert!(wraps.is_err(), "a start whose end wraps around is refused too");
     }
 }

@@ -166,6 +166,7 @@ impl Gpu {
         scale: f32,
         window: Option<usize>,
     ) -> Result<(), CudaError> {
+        window_arg(window)?;
         if shape.seqs == 0 || shape.heads == 0 {
             return Ok(());
         }
@@ -196,6 +197,7 @@ impl Gpu {
         window: Option<usize>,
         scratch: Option<&DecodeScratch>,
     ) -> Result<(), CudaError> {
+        let window32 = window_arg(window)?;
         let decode = self.function("paged_decode_bf16")?;
         let reduce = self.function("decode_reduce_bf16")?;
         if shape.seqs == 0 || shape.heads == 0 {
@@ -212,7 +214,6 @@ impl Gpu {
         let chunk = shape.chunk();
         let (max_blocks, heads, kv_heads) = (int(shape.max_blocks)?, int(shape.heads)?, int(shape.kv_heads)?);
         let (head_dim, block_size, parts32) = (int(shape.head_dim)?, int(shape.block_size)?, int(parts)?);
-        let window32 = window_arg(window)?;
         let work = match scratch {
             Some(w) if parts > 1 => {
                 if w.partials < chunk * shape.heads * parts || w.head_dim < shape.head_dim {

@@ -211,13 +211,13 @@ impl Fraction {
     }
 }
 
-/// KV blocks of `block_bytes` that fit in `fraction` of the device's memory
-/// beside what is already used and [`WORKSPACE_BYTES`].
 /// The sliding-window layers' RoPE of a model of `c`, if it has them.
 fn local_rope(c: &ModelConfig) -> Option<Rope> {
     c.sliding_window.map(|w| Rope::with_base(c, w.local_rope_theta))
 }
 
+/// KV blocks of `block_bytes` that fit in `fraction` of the device's memory
+/// beside what is already used and [`WORKSPACE_BYTES`].
 fn blocks_for_fraction(gpu: &Gpu, fraction: f64, block_bytes: usize) -> Result<usize> {
     // Checked before the device is asked anything.
     let fraction = Fraction::new(fraction)?;
