@@ -287,7 +287,13 @@ fn hf_sliding_window(cfg: &Value, family: ArchFamily) -> Result<Option<SlidingWi
     if family != ArchFamily::Gemma3 {
         return Ok(None);
     }
-    let Some(size) = cfg["sliding_window"].as_u64() else { return Ok(None) };
+    let lists_local_layers = cfg["layer_types"].as_array().is_some_and(|t| t.iter().any(|t| t == "sliding_attention"));
+    let Some(size) = cfg["sliding_window"].as_u64() else {
+        return match lists_local_layers {
+            true => Err(EngineError::InvalidConfig("layer_types lists sliding-window layers but sliding_window is missing".into())),
+            false => Ok(None),
+        };
+    };
     let pattern = match (cfg["sliding_window_pattern"].as_u64(), cfg["layer_types"].as_array()) {
         (Some(p), Some(types)) if pattern_of_layer_types(types).ok() != Some(p as usize) => {
             return Err(EngineError::InvalidConfig(format!("sliding_window_pattern {p} disagrees with layer_types")))
@@ -430,6 +436,9 @@ mod tests {
         let mut both = types(&["sliding_attention", "full_attention"]);
         both["sliding_window_pattern"] = json!(6);
         assert!(ModelConfig::from_hf_json(&both).is_err(), "a pattern that disagrees with layer_types is refused");
+        let mut no_window = types(&["sliding_attention", "full_attention"]);
+        no_window.as_object_mut().expect("object").remove("sliding_window");
+        assert!(ModelConfig::from_hf_json(&no_window).is_err(), "local layers without a window size are refused");
     }
 
     #[test]
