@@ -8,6 +8,7 @@ use crate::backend::{self, Backend, KvSize};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::hf::HfModelDir;
+use crate::kv::KvDtype;
 use crate::load::{load_meta_from, ModelMeta};
 use crate::model::{Decoder, LlamaWeights, MatmulPrecision, WeightNaming};
 use crate::models::{resolve, ModelFormat};
@@ -66,6 +67,9 @@ pub struct EngineOptions {
     pub gpu_memory_utilization: f64,
     /// CPU matmul precision.
     pub precision: MatmulPrecision,
+    /// The CPU's KV cache dtype; `None` follows the precision (f16 fast,
+    /// f32 exact). The CUDA backend's cache is bf16 either way.
+    pub cpu_kv_dtype: Option<KvDtype>,
     /// Replay decode steps from CUDA graphs.
     pub cuda_graphs: bool,
     /// Sample on the GPU where its kernel reproduces the host sampler.
@@ -82,6 +86,7 @@ impl Default for EngineOptions {
             cpu_kv_bytes: 1 << 30,
             gpu_memory_utilization: 0.9,
             precision: MatmulPrecision::Fast,
+            cpu_kv_dtype: None,
             cuda_graphs: true,
             device_sampling: true,
             cublas: true,
@@ -181,7 +186,7 @@ impl ModelFiles {
                 Err(e) => return Err(e),
             }
         }
-        let backend = CpuBackend::new(options.precision);
+        let backend = CpuBackend::new(options.precision).with_kv_dtype(options.cpu_kv_dtype);
         let kv = options.kv_blocks.map_or(KvSize::Bytes(options.cpu_kv_bytes), KvSize::Blocks);
         let executor = assemble(backend, &meta, src.as_ref(), naming, kv, options, progress)?;
         Ok(OpenedModel { executor, meta, device: Device::Cpu })

@@ -1,9 +1,11 @@
-//! f32 vector primitives (dot product, scaled add) with an AVX2/FMA path
-//! chosen at run time and a portable fallback.
+//! f32 vector primitives (dot product, scaled add, attention's row sums)
+//! with an AVX2/FMA/F16C path chosen at run time and a portable fallback.
 
 use std::sync::OnceLock;
 
+mod element;
 mod scores;
+pub use element::{narrow_to_f16, KvElement};
 pub use scores::scaled_dots;
 
 fn use_avx2() -> bool {
@@ -11,7 +13,7 @@ fn use_avx2() -> bool {
     *AVX2.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -49,21 +51,22 @@ pub fn axpy(acc: &mut [f32], alpha: f32, x: &[f32]) {
 
 /// `out[j] = Σ_i weights[i] · data[starts[i] + j]` for `j < out.len()`, each
 /// element accumulated in order with fused multiply-adds (the SIMD and
-/// portable paths give the same bits). Panics if a row runs past `data`.
-pub fn weighted_sum(out: &mut [f32], weights: &[f32], data: &[f32], starts: &[usize]) {
+/// portable paths give the same bits; `f16` rows widen exactly first).
+/// Panics if a row runs past `data`.
+pub fn weighted_sum<T: KvElement>(out: &mut [f32], weights: &[f32], data: &[T], starts: &[usize]) {
     let n = out.len();
     let rows = weights.len().min(starts.len());
     assert!(starts[..rows].iter().all(|&s| s + n <= data.len()), "weighted_sum: a row runs past the data");
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
-        // SAFETY: AVX2 and FMA were detected; every row `starts[i]..starts[i] + n` is in `data` (checked).
+        // SAFETY: AVX2, FMA and F16C were detected; every row `starts[i]..starts[i] + n` is in `data` (checked).
         unsafe { avx_rows::weighted_sum(out.as_mut_ptr(), n, &weights[..rows], data.as_ptr(), &starts[..rows]) };
         return;
     }
     out.fill(0.0);
     for (&w, &start) in weights[..rows].iter().zip(&starts[..rows]) {
         for (o, &x) in out.iter_mut().zip(&data[start..start + n]) {
-            *o = w.mul_add(x, *o);
+            *o = w.mul_add(x.to_f32(), *o);
         }
     }
 }
@@ -73,7 +76,7 @@ pub fn weighted_sum(out: &mut [f32], weights: &[f32], data: &[f32], starts: &[us
 /// each of the `out.len() / n` heads. Each row is read once for all heads;
 /// every output equals [`weighted_sum`]'s for that head bit for bit (the same
 /// fused multiply-adds in the same order).
-pub fn weighted_sum_heads(out: &mut [f32], n: usize, weights: &[f32], stride: usize, data: &[f32], starts: &[usize]) {
+pub fn weighted_sum_heads<T: KvElement>(out: &mut [f32], n: usize, weights: &[f32], stride: usize, data: &[T], starts: &[usize]) {
     let heads = out.len().checked_div(n).unwrap_or(0);
     let rows = starts.len().min(stride);
     assert!(heads == 0 || weights.len() >= (heads - 1) * stride + rows, "weighted_sum_heads: too few weights");
@@ -85,18 +88,18 @@ pub fn weighted_sum_heads(out: &mut [f32], n: usize, weights: &[f32], stride: us
             let take = if heads - h >= 4 { 4 } else if heads - h >= 2 { 2 } else { 1 };
             let (o, w) = (out[h * n..].as_mut_ptr(), &weights[h * stride..]);
             let (d, st) = (data.as_ptr(), &starts[..rows]);
-            // SAFETY: AVX2/FMA detected; `take` heads of n outputs and of `rows` weights
+            // SAFETY: AVX2/FMA/F16C detected; `take` heads of n outputs and of `rows` weights
             // (stride apart) exist (checked above); every row is in `data` (checked);
             // each column width divides n.
             unsafe {
                 // As many columns as 8 accumulators hold (each output's sum is the
                 // same whatever the width: rows are added in order either way).
                 match take {
-                    4 => avx_rows::weighted_sum_heads::<4, 2>(o, n, w, stride, d, st),
-                    2 if n.is_multiple_of(32) => avx_rows::weighted_sum_heads::<2, 4>(o, n, w, stride, d, st),
-                    2 => avx_rows::weighted_sum_heads::<2, 2>(o, n, w, stride, d, st),
-                    _ if n.is_multiple_of(64) => avx_rows::weighted_sum_heads::<1, 8>(o, n, w, stride, d, st),
-                    _ => avx_rows::weighted_sum_heads::<1, 2>(o, n, w, stride, d, st),
+                    4 => avx_rows::weighted_sum_heads::<T, 4, 2>(o, n, w, stride, d, st),
+                    2 if n.is_multiple_of(32) => avx_rows::weighted_sum_heads::<T, 2, 4>(o, n, w, stride, d, st),
+                    2 => avx_rows::weighted_sum_heads::<T, 2, 2>(o, n, w, stride, d, st),
+                    _ if n.is_multiple_of(64) => avx_rows::weighted_sum_heads::<T, 1, 8>(o, n, w, stride, d, st),
+                    _ => avx_rows::weighted_sum_heads::<T, 1, 2>(o, n, w, stride, d, st),
                 }
             }
             h += take;
@@ -206,12 +209,13 @@ mod avx {
 
 #[cfg(target_arch = "x86_64")]
 mod avx_rows {
+    use super::KvElement;
     use std::arch::x86_64::*;
 
     /// See [`super::weighted_sum`]: 32 output columns at a time stay in
     /// registers while every row is added in.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn weighted_sum(out: *mut f32, n: usize, weights: &[f32], data: *const f32, starts: &[usize]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum<T: KvElement>(out: *mut f32, n: usize, weights: &[f32], data: *const T, starts: &[usize]) {
         // SAFETY (whole body): out has n elements; each row starts[i]..starts[i] + n is readable.
         unsafe {
             let mut col = 0;
@@ -221,7 +225,7 @@ mod avx_rows {
                     let w = _mm256_set1_ps(w);
                     let row = data.add(start + col);
                     for (j, a) in acc.iter_mut().enumerate() {
-                        *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * j)), *a);
+                        *a = _mm256_fmadd_ps(w, T::load8(row.add(8 * j)), *a);
                     }
                 }
                 for (j, a) in acc.iter().enumerate() {
@@ -232,7 +236,7 @@ mod avx_rows {
             while col + 8 <= n {
                 let mut acc = _mm256_setzero_ps();
                 for (&w, &start) in weights.iter().zip(starts) {
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(data.add(start + col)), acc);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(w), T::load8(data.add(start + col)), acc);
                 }
                 _mm256_storeu_ps(out.add(col), acc);
                 col += 8;
@@ -240,7 +244,7 @@ mod avx_rows {
             for c in col..n {
                 let mut acc = 0f32;
                 for (&w, &start) in weights.iter().zip(starts) {
-                    acc = w.mul_add(*data.add(start + c), acc);
+                    acc = w.mul_add((*data.add(start + c)).to_f32(), acc);
                 }
                 *out.add(c) = acc;
             }
@@ -249,8 +253,8 @@ mod avx_rows {
 
     /// See [`super::weighted_sum_heads`]: `H` heads × `8·C` columns in
     /// registers; each row's `8·C` values are loaded once for all `H` heads.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn weighted_sum_heads<const H: usize, const C: usize>(out: *mut f32, n: usize, weights: &[f32], stride: usize, data: *const f32, starts: &[usize]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum_heads<T: KvElement, const H: usize, const C: usize>(out: *mut f32, n: usize, weights: &[f32], stride: usize, data: *const T, starts: &[usize]) {
         // SAFETY (whole body): out has H * n elements; weights has (H - 1) * stride + starts.len();
         // each row starts[i]..starts[i] + n is readable; n is a multiple of 8 * C.
         unsafe {
@@ -258,7 +262,7 @@ mod avx_rows {
                 let mut acc = [[_mm256_setzero_ps(); C]; H];
                 for (i, &start) in starts.iter().enumerate() {
                     let row = data.add(start + col);
-                    let v: [__m256; C] = std::array::from_fn(|c| _mm256_loadu_ps(row.add(8 * c)));
+                    let v: [__m256; C] = std::array::from_fn(|c| T::load8(row.add(8 * c)));
                     for (h, a) in acc.iter_mut().enumerate() {
                         let w = _mm256_set1_ps(*weights.get_unchecked(h * stride + i));
                         for (a, v) in a.iter_mut().zip(&v) {
@@ -296,6 +300,21 @@ mod tests {
                 let got: Vec<u32> = all[h * n..(h + 1) * n].iter().map(|v| v.to_bits()).collect();
                 assert_eq!(got, one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n {n}, head {h} of {heads}");
             }
+        }
+    }
+
+    #[test]
+    fn f16_rows_give_the_bits_of_their_f32_widening() {
+        for (n, heads) in [(64usize, 1usize), (64, 3), (128, 6), (32, 2), (40, 1)] {
+            let narrow: Vec<half::f16> = (0..n * 13).map(|i| half::f16::from_f32(((i * 37 % 101) as f32 - 50.0) / 7.0)).collect();
+            let wide: Vec<f32> = narrow.iter().map(|v| v.to_f32()).collect();
+            let starts: Vec<usize> = (0..9).map(|i| (i * 5 % 13) * n).collect();
+            let weights: Vec<f32> = (0..heads * 9).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
+            let (mut from_f16, mut from_f32) = (vec![0f32; heads * n], vec![0f32; heads * n]);
+            weighted_sum_heads(&mut from_f16, n, &weights, 9, &narrow, &starts);
+            weighted_sum_heads(&mut from_f32, n, &weights, 9, &wide, &starts);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&from_f16), bits(&from_f32), "n {n}, heads {heads}");
         }
     }
 

@@ -70,8 +70,10 @@ pub fn prompt_logits(runner: &mut ModelRunner, prompt: &[u32]) -> Result<Vec<f32
     Ok(logits)
 }
 
-/// A runner over `model` whose KV pool fits `max_tokens` tokens.
-pub fn runner_for(model: LlamaModel, max_tokens: usize) -> ModelRunner {
+/// A runner over `model` whose KV pool fits `max_tokens` tokens, in exact
+/// mode (f32 matmuls and an f32 KV cache: what the references compute).
+pub fn runner_for(mut model: LlamaModel, max_tokens: usize) -> ModelRunner {
+    model.set_precision(spindle_engine::model::MatmulPrecision::Exact);
     let block = 16;
     ModelRunner::new(model, max_tokens.div_ceil(block).max(1), block)
 }

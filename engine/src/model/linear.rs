@@ -26,10 +26,12 @@ use rayon::prelude::*;
 /// How activations meet quantized weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MatmulPrecision {
-    /// Quantize activations to 8 bits and use integer kernels (fast; llama.cpp's choice).
+    /// Quantize activations to 8 bits and use integer kernels, and keep the
+    /// CPU's KV cache in f16 (fast; llama.cpp's choices).
     #[default]
     Fast,
-    /// Dequantize weight rows to f32 and keep activations in f32 (slow; for validation).
+    /// Dequantize weight rows to f32 and keep activations and the KV cache
+    /// in f32 (slow; for validation).
     Exact,
 }
 

@@ -6,17 +6,20 @@
 //! over the chunks `c` in order with fused multiply-adds, then the lanes
 //! summed pairwise, `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`, then
 //! whatever is left past the last full chunk added in order, then the scale.
+//! The key rows may be `f32` or `f16` ([`KvElement`]), widened exactly first.
+
+use super::KvElement;
 
 /// `out[j] = scale · (q · data[starts[j]..starts[j] + q.len()])` for every
 /// `j < starts.len()`. Panics if `out` is shorter than `starts` or a row runs
 /// past `data`.
-pub fn scaled_dots(out: &mut [f32], q: &[f32], scale: f32, data: &[f32], starts: &[usize]) {
+pub fn scaled_dots<T: KvElement>(out: &mut [f32], q: &[f32], scale: f32, data: &[T], starts: &[usize]) {
     let d = q.len();
     assert!(out.len() >= starts.len(), "scaled_dots: too few outputs");
     assert!(starts.iter().all(|&s| d <= data.len() && s <= data.len() - d), "scaled_dots: a row runs past the data");
     #[cfg(target_arch = "x86_64")]
     if super::use_avx2() && d.is_multiple_of(8) && !starts.is_empty() {
-        // SAFETY: AVX2 and FMA were detected; every row start..start + d is in
+        // SAFETY: AVX2, FMA and F16C were detected; every row start..start + d is in
         // `data` and `out` holds starts.len() values (both checked above).
         unsafe { avx::scaled_dots(out.as_mut_ptr(), q.as_ptr(), d, scale, data.as_ptr(), starts) };
         return;
@@ -27,23 +30,24 @@ pub fn scaled_dots(out: &mut [f32], q: &[f32], scale: f32, data: &[f32], starts:
 }
 
 /// One dot product in the order described in the module docs.
-fn dot_in_lanes(q: &[f32], k: &[f32]) -> f32 {
+fn dot_in_lanes<T: KvElement>(q: &[f32], k: &[T]) -> f32 {
     let mut lanes = [0f32; 8];
     let full = q.len() / 8 * 8;
     for (qc, kc) in q[..full].chunks_exact(8).zip(k[..full].chunks_exact(8)) {
         for l in 0..8 {
-            lanes[l] = qc[l].mul_add(kc[l], lanes[l]);
+            lanes[l] = qc[l].mul_add(kc[l].to_f32(), lanes[l]);
         }
     }
     let mut sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     for (a, b) in q[full..].iter().zip(&k[full..]) {
-        sum = a.mul_add(*b, sum);
+        sum = a.mul_add(b.to_f32(), sum);
     }
     sum
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx {
+    use super::KvElement;
     use std::arch::x86_64::*;
 
     /// Lane i of the result: the pairwise sum of `acc[i]`'s lanes.
@@ -64,20 +68,20 @@ mod avx {
     /// empty, every row `start..start + d` is readable and `out` holds
     /// `starts.len()` values. A last group of fewer than 8 rows repeats its
     /// last row in the spare lanes and stores only the real ones.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn scaled_dots(out: *mut f32, q: *const f32, d: usize, scale: f32, data: *const f32, starts: &[usize]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scaled_dots<T: KvElement>(out: *mut f32, q: *const f32, d: usize, scale: f32, data: *const T, starts: &[usize]) {
         let n = starts.len();
         let vscale = _mm256_set1_ps(scale);
         let mut j = 0;
         // SAFETY (whole body): rows and outputs as the caller guarantees.
         unsafe {
             while j < n {
-                let rows: [*const f32; 8] = std::array::from_fn(|i| data.add(starts[(j + i).min(n - 1)]));
+                let rows: [*const T; 8] = std::array::from_fn(|i| data.add(starts[(j + i).min(n - 1)]));
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for c in (0..d).step_by(8) {
                     let qv = _mm256_loadu_ps(q.add(c));
                     for (a, row) in acc.iter_mut().zip(&rows) {
-                        *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row.add(c)), *a);
+                        *a = _mm256_fmadd_ps(qv, T::load8(row.add(c)), *a);
                     }
                 }
                 let scores = _mm256_mul_ps(sum_each(acc), vscale);
@@ -122,15 +126,33 @@ mod tests {
     }
 
     #[test]
+    fn f16_rows_give_the_bits_of_their_f32_widening() {
+        for d in [8usize, 64, 12] {
+            let wide = values(d * 30, d);
+            let narrow: Vec<half::f16> = wide.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let widened: Vec<f32> = narrow.iter().map(|v| v.to_f32()).collect();
+            let q = values(d, 3);
+            for rows in [1usize, 8, 13] {
+                let starts: Vec<usize> = (0..rows).map(|i| (i * 11 % 29) * d).collect();
+                let (mut from_f16, mut from_f32) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
+                scaled_dots(&mut from_f16, &q, 0.5, &narrow, &starts);
+                scaled_dots(&mut from_f32, &q, 0.5, &widened, &starts);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&from_f16), bits(&from_f32), "d {d}, rows {rows}");
+            }
+        }
+    }
+
+    #[test]
     fn a_row_past_the_data_panics() {
         let result = std::panic::catch_unwind(|| {
             let mut out = [0f32; 1];
-            scaled_dots(&mut out, &[1.0; 8], 1.0, &[0.0; 12], &[5]);
+            scaled_dots(&mut out, &[1.0; 8], 1.0, &[0f32; 12], &[5]);
         });
         assert!(result.is_err());
         let wraps = std::panic::catch_unwind(|| {
             let mut out = [0f32; 1];
-            scaled_dots(&mut out, &[1.0; 8], 1.0, &[0.0; 12], &[usize::MAX - 2]);
+            scaled_dots(&mut out, &[1.0; 8], 1.0, &[0f32; 12], &[usize::MAX - 2]);
         });
         assert!(wraps.is_err(), "a start whose end wraps around is refused too");
     }

@@ -5,6 +5,7 @@
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use spindle_engine::kv::KvDtype;
 use spindle_engine::model::MatmulPrecision;
 use spindle_engine::models::DEFAULT_MODEL;
 use spindle_engine::open::ModelFiles;
@@ -18,6 +19,15 @@ pub enum Precision {
     Fast,
     /// f32 activations and dequantized weights (slow; for validation; CPU only).
     Exact,
+}
+
+/// The CPU KV cache's element type on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvCacheDtype {
+    /// Half precision: half the memory and the bytes read per token.
+    F16,
+    /// Full precision.
+    F32,
 }
 
 /// Tokens per KV block.
@@ -41,6 +51,9 @@ pub struct EngineArgs {
     /// Matmul precision of the CPU backend.
     #[arg(long, env = "SPINDLE_PRECISION", value_enum, default_value = "fast")]
     pub precision: Precision,
+    /// The CPU's KV cache dtype (default: f16 with --precision fast, f32 with exact; the GPU's cache is bf16).
+    #[arg(long, env = "SPINDLE_KV_CACHE_DTYPE", value_enum)]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
     /// GPU: launch every decode step's kernels instead of replaying CUDA graphs.
     #[arg(long, env = "SPINDLE_NO_CUDA_GRAPHS", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_cuda_graphs: bool,
@@ -68,6 +81,10 @@ impl EngineArgs {
                 Precision::Fast => MatmulPrecision::Fast,
                 Precision::Exact => MatmulPrecision::Exact,
             },
+            cpu_kv_dtype: self.kv_cache_dtype.map(|d| match d {
+                KvCacheDtype::F16 => KvDtype::F16,
+                KvCacheDtype::F32 => KvDtype::F32,
+            }),
             cuda_graphs: !self.no_cuda_graphs,
             device_sampling: !self.host_sampling,
             cublas: !self.no_cublas,
@@ -83,6 +100,7 @@ impl EngineArgs {
                 Ok(Device::Cpu)
             }
             (Device::Cuda(_), Precision::Exact) => anyhow::bail!("--precision exact is a CPU mode (the GPU runs bf16)"),
+            (Device::Cuda(_), _) if self.kv_cache_dtype.is_some() => anyhow::bail!("--kv-cache-dtype sets the CPU's cache (the GPU's is bf16)"),
             (d, _) => Ok(d),
         }
     }
@@ -142,6 +160,10 @@ mod tests {
         let o = cli.engine.options(None);
         assert!(!o.cuda_graphs && !o.device_sampling && o.cublas);
         assert_eq!(o.cpu_kv_bytes, 64 << 20);
+        assert_eq!(o.cpu_kv_dtype, None, "the cache dtype follows the precision unless asked for");
+        let cli = Cli::try_parse_from(["x", "--kv-cache-dtype", "f32"])?;
+        assert_eq!(cli.engine.options(None).cpu_kv_dtype, Some(KvDtype::F32));
+        assert!(Cli::try_parse_from(["x", "--kv-cache-dtype", "q8"]).is_err(), "an unknown dtype is a usage error");
         assert!(Cli::try_parse_from(["x", "--device", "gpu"]).is_err(), "an unknown device is a usage error");
         Ok(())
     }
@@ -153,6 +175,9 @@ mod tests {
         let cli = Cli::try_parse_from(["x", "--precision", "exact", "--device", "cuda"])?;
         let err = cli.engine.device().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("CPU mode"), "an explicit GPU with exact precision is an error: {err:?}");
+        let cli = Cli::try_parse_from(["x", "--kv-cache-dtype", "f32", "--device", "cuda"])?;
+        let err = cli.engine.device().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("CPU's cache"), "an explicit GPU with a CPU cache dtype is an error: {err:?}");
         Ok(())
     }
 }

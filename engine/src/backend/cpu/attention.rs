@@ -2,9 +2,9 @@
 //! the CPU: one task per (sequence, head, chunk of 16 queries).
 
 use crate::backend::StepLayout;
-use crate::kv::KvPool;
+use crate::kv::{KvLayer, KvPool};
 use crate::model::SendPtr;
-use crate::simd;
+use crate::simd::{self, KvElement};
 use rayon::prelude::*;
 
 /// Head geometry.
@@ -30,7 +30,16 @@ const QUERY_CHUNK: usize = 16;
 /// The query heads that share a KV head are taken together where there are
 /// enough tasks to keep the pool busy: each key and value row is then read
 /// once for all of them. Every head's arithmetic is the same either way.
+/// Rows stored as `f16` are widened exactly as they are read.
 pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, layout: &StepLayout, shape: HeadShape, window: Option<usize>) {
+    match kv.layer(layer) {
+        KvLayer::F32 { keys, values } => attention_over(q, out, keys, values, layout, shape, window),
+        KvLayer::F16 { keys, values } => attention_over(q, out, keys, values, layout, shape, window),
+    }
+}
+
+/// [`paged_attention`] over one layer's rows of element type `T`.
+fn attention_over<T: KvElement>(q: &[f32], out: &mut [f32], keys: &[T], values: &[T], layout: &StepLayout, shape: HeadShape, window: Option<usize>) {
     let heads_per_task = heads_per_task(layout, shape);
     let tasks: Vec<(usize, usize, usize)> = (0..layout.num_seqs())
         .flat_map(|s| {
@@ -43,8 +52,6 @@ pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, la
     let width = shape.num_heads * shape.head_dim;
     assert!(q.len() >= layout.num_rows() * width && out.len() >= layout.num_rows() * width, "attention buffers hold every row");
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let keys = kv.keys(layer);
-    let values = kv.values(layer);
     tasks.par_iter().for_each(|&(s, h, first)| {
         let mut scratch = Scratch::default();
         let mut acc = vec![0f32; heads_per_task * shape.head_dim];
@@ -111,7 +118,7 @@ impl KeyBlocks<'_> {
 /// the positions `blocks` covers: each head's scores eight keys at a time,
 /// each value row added into every head's output.
 #[allow(clippy::too_many_arguments)]
-fn attend(q: &[f32], blocks: KeyBlocks<'_>, keys: &[f32], values: &[f32], head: usize, shape: HeadShape, scratch: &mut Scratch, acc: &mut [f32]) {
+fn attend<T: KvElement>(q: &[f32], blocks: KeyBlocks<'_>, keys: &[T], values: &[T], head: usize, shape: HeadShape, scratch: &mut Scratch, acc: &mut [f32]) {
     let d = shape.head_dim;
     let kv_dim = shape.num_kv_heads * d;
     let group = shape.num_heads / shape.num_kv_heads;

@@ -1,6 +1,7 @@
 //! The CPU backend: f32 activations, weights kept in their file's block
-//! formats ([`Linear`], integer SIMD kernels), an f32 paged [`KvPool`], and
-//! sampling on the host. Every op runs on the rayon pool.
+//! formats ([`Linear`], integer SIMD kernels), a paged [`KvPool`] (f16 rows
+//! in fast mode, f32 in exact mode), and sampling on the host. Every op runs
+//! on the rayon pool.
 
 pub mod attention;
 
@@ -8,7 +9,7 @@ use super::{Backend, DeviceSampling, KvGeometry, KvSize, LinearJob, PassFn, Pres
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::kv::KvPool;
+use crate::kv::{KvDtype, KvPool};
 use crate::model::linear::{matmul_many, MatmulJob};
 use crate::model::ops::{add_in_place, gelu_tanh_mul, rms_norm_into, Rope, RopeAngles};
 use crate::model::{Linear, MatmulPrecision};
@@ -20,6 +21,8 @@ use rayon::prelude::*;
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     precision: MatmulPrecision,
+    /// The KV dtype asked for, if not the precision's.
+    kv_dtype: Option<KvDtype>,
     kv: Option<KvPool>,
     shape: Option<HeadShape>,
     config: Option<ModelConfig>,
@@ -50,9 +53,33 @@ impl CpuBackend {
         Self { precision, ..Self::default() }
     }
 
-    /// Choose fast (8-bit activations) or exact (f32) quantized matmuls.
+    /// Store the KV cache as `dtype` whatever the precision (`None`: f16 in
+    /// fast mode, f32 in exact mode). Takes effect at the next allocation.
+    pub fn with_kv_dtype(mut self, dtype: Option<KvDtype>) -> Self {
+        self.kv_dtype = dtype;
+        self
+    }
+
+    /// The KV cache dtype the next allocation uses.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype.unwrap_or(match self.precision {
+            MatmulPrecision::Exact => KvDtype::F32,
+            MatmulPrecision::Fast => KvDtype::F16,
+        })
+    }
+
+    /// Choose fast (8-bit activations, an f16 KV cache) or exact (f32
+    /// matmuls and cache). An allocated pool of the other dtype is replaced
+    /// by an empty one of the same geometry: its contents are lost, so
+    /// switch between requests, not during one.
     pub fn set_precision(&mut self, precision: MatmulPrecision) {
         self.precision = precision;
+        let pool = self.kv.as_ref().map(|kv| (kv.num_blocks(), kv.block_size(), kv.dtype()));
+        if let (Some((blocks, block_size, dtype)), Some(c)) = (pool, self.config.clone()) {
+            if dtype != self.kv_dtype() {
+                self.attach_pool(&c, blocks, block_size);
+            }
+        }
     }
 
     /// The matmul precision in force.
@@ -63,7 +90,7 @@ impl CpuBackend {
     /// Allocates a pool of `num_blocks` blocks of `block_size` tokens for
     /// `c` (replacing any earlier one).
     pub fn attach_pool(&mut self, c: &ModelConfig, num_blocks: usize, block_size: usize) -> KvGeometry {
-        self.kv = Some(KvPool::new(c.num_layers, num_blocks, block_size, c.kv_dim()));
+        self.kv = Some(KvPool::new(c.num_layers, num_blocks, block_size, c.kv_dim(), self.kv_dtype()));
         self.shape = Some(HeadShape { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim, scale: c.attention_scale() });
         self.local_rope = c.sliding_window.map(|w| Rope::with_base(c, w.local_rope_theta));
         self.workspace = None;
@@ -106,7 +133,7 @@ impl Backend for CpuBackend {
     fn allocate_kv(&mut self, c: &ModelConfig, size: KvSize, block_size: usize) -> Result<KvGeometry> {
         let num_blocks = match size {
             KvSize::Blocks(n) => n,
-            KvSize::Bytes(b) => KvPool::blocks_for_budget(b, c.num_layers, block_size.max(1), c.kv_dim()),
+            KvSize::Bytes(b) => KvPool::blocks_for_budget(b, c.num_layers, block_size.max(1), c.kv_dim(), self.kv_dtype()),
             KvSize::MemoryFraction(_) => return Err(EngineError::Backend("the CPU's KV cache is sized in bytes, not as a fraction of device memory".into())),
         };
         if num_blocks == 0 || block_size == 0 {
@@ -120,7 +147,7 @@ impl Backend for CpuBackend {
             Some(kv) => KvGeometry {
                 block_size: kv.block_size(),
                 num_blocks: kv.num_blocks(),
-                bytes_per_block: 2 * kv.num_layers() * kv.block_size() * kv.kv_dim() * std::mem::size_of::<f32>(),
+                bytes_per_block: KvPool::bytes_per_block(kv.num_layers(), kv.block_size(), kv.kv_dim(), kv.dtype()),
             },
             None => KvGeometry { block_size: 0, num_blocks: 0, bytes_per_block: 0 },
         }
@@ -287,8 +314,8 @@ mod tests {
         let c = config();
         let mut b = CpuBackend::default();
         assert_eq!(b.kv_geometry().num_blocks, 0, "nothing before allocation");
-        // 3 layers × 16 tokens × kv_dim 32 × (key + value) × 4 bytes.
-        let per_block = 3 * 16 * 32 * 2 * 4;
+        // 3 layers × 16 tokens × kv_dim 32 × (key + value) × 2 bytes (f16 in fast mode).
+        let per_block = 3 * 16 * 32 * 2 * 2;
         let g = b.allocate_kv(&c, KvSize::Blocks(7), 16).unwrap();
         assert_eq!(g, KvGeometry { block_size: 16, num_blocks: 7, bytes_per_block: per_block });
         assert_eq!(g.tokens(), 112);
@@ -296,6 +323,14 @@ mod tests {
         assert_eq!(g.num_blocks, 5);
         assert!(b.allocate_kv(&c, KvSize::Bytes(per_block - 1), 16).is_err(), "a budget below one block is refused");
         assert!(b.allocate_kv(&c, KvSize::MemoryFraction(0.5), 16).is_err(), "the CPU has no device memory fraction");
+        b.set_precision(MatmulPrecision::Exact);
+        assert_eq!(b.kv_geometry(), KvGeometry { block_size: 16, num_blocks: 5, bytes_per_block: 2 * per_block }, "exact mode keeps f32 rows, same blocks");
+        let g = b.allocate_kv(&c, KvSize::Bytes(per_block * 5 + 1), 16).unwrap();
+        assert_eq!(g.num_blocks, 2, "an f32 budget buys half the blocks");
+        let mut pinned = CpuBackend::new(MatmulPrecision::Fast).with_kv_dtype(Some(KvDtype::F32));
+        assert_eq!(pinned.allocate_kv(&c, KvSize::Blocks(3), 16).unwrap().bytes_per_block, 2 * per_block, "an asked-for dtype wins over fast mode's");
+        pinned.set_precision(MatmulPrecision::Exact);
+        assert_eq!(pinned.kv_geometry().bytes_per_block, 2 * per_block);
     }
 
     #[test]
