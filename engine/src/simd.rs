@@ -8,7 +8,8 @@ mod scores;
 pub use element::{narrow_to_f16, KvElement};
 pub use scores::scaled_dots;
 
-fn use_avx2() -> bool {
+/// Whether the CPU has AVX2, FMA and F16C (checked once).
+pub(crate) fn use_avx2() -> bool {
     static AVX2: OnceLock<bool> = OnceLock::new();
     *AVX2.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]

@@ -492,11 +492,34 @@ impl Sink {
 
     /// Rows `r..r + 4` of group `g` (tokens `16g..`, those below `n`), from
     /// a grouped kernel's `out[row][lane]`, one store per token.
+    /// Four tokens at a time are transposed in registers (SSE, baseline on
+    /// x86-64) rather than gathered from four arrays value by value.
     #[inline(always)]
     fn put_group4(&self, r: usize, g: usize, out: &[[f32; GROUP]; 4], n: usize) {
-        let lanes = out[0].iter().zip(&out[1]).zip(out[2].iter().zip(&out[3]));
-        for (lane, ((a, b), (c, d))) in lanes.enumerate().take(n.saturating_sub(g * GROUP)) {
-            self.put4(r, g * GROUP + lane, [*a, *b, *c, *d]);
+        let lanes = n.saturating_sub(g * GROUP).min(GROUP);
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if r + 4 <= self.rows && g * GROUP + lanes <= self.tokens {
+            use std::arch::x86_64::*;
+            while done + 4 <= lanes {
+                // SAFETY: SSE2 is part of x86-64; lanes done..done + 4 are inside
+                // each `out` row; tokens g·GROUP + done.. + 4 and rows r..r + 4
+                // are inside the job's output (checked above) and belong to this task.
+                unsafe {
+                    let [a, b, c, d] = out.each_ref().map(|row| _mm_loadu_ps(row.as_ptr().add(done)));
+                    let (ab_lo, cd_lo) = (_mm_unpacklo_ps(a, b), _mm_unpacklo_ps(c, d));
+                    let (ab_hi, cd_hi) = (_mm_unpackhi_ps(a, b), _mm_unpackhi_ps(c, d));
+                    let tokens = [_mm_movelh_ps(ab_lo, cd_lo), _mm_movehl_ps(cd_lo, ab_lo), _mm_movelh_ps(ab_hi, cd_hi), _mm_movehl_ps(cd_hi, ab_hi)];
+                    let first = self.ptr.get().add((g * GROUP + done) * self.rows + r);
+                    for (i, t) in tokens.into_iter().enumerate() {
+                        _mm_storeu_ps(first.add(i * self.rows), t);
+                    }
+                }
+                done += 4;
+            }
+        }
+        for lane in done..lanes {
+            self.put4(r, g * GROUP + lane, [out[0][lane], out[1][lane], out[2][lane], out[3][lane]]);
         }
     }
 
@@ -537,6 +560,26 @@ mod tests {
         want[2 * rows + 1..2 * rows + 5].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
         want[4..6].copy_from_slice(&[5.0, 6.0]);
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn put_group4_transposes_every_lane_and_clips_at_the_batch_and_the_rows() {
+        let out: [[f32; GROUP]; 4] = std::array::from_fn(|i| std::array::from_fn(|lane| (100 * i + lane) as f32));
+        for (rows, tokens, r, g) in [(8usize, 40usize, 4usize, 1usize), (6, 23, 0, 1), (6, 7, 2, 0), (5, 16, 2, 0)] {
+            let mut got = vec![-1f32; rows * tokens];
+            let write = Sink { ptr: SendPtr(got.as_mut_ptr()), rows, tokens };
+            write.put_group4(r, g, &out, tokens);
+            let mut want = vec![-1f32; rows * tokens];
+            for lane in 0..GROUP {
+                for (i, row) in out.iter().enumerate() {
+                    let t = g * GROUP + lane;
+                    if t < tokens && r + i < rows {
+                        want[t * rows + r + i] = row[lane];
+                    }
+                }
+            }
+            assert_eq!(got, want, "rows {rows}, tokens {tokens}, r {r}, group {g}");
+        }
     }
 
     #[test]

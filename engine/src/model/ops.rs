@@ -1,6 +1,7 @@
 //! Element-wise and normalisation ops shared by every model family.
 
 use crate::config::{Llama3RopeScaling, ModelConfig, RopeStyle};
+use crate::simd::fast_exp;
 
 /// In-place RMSNorm of each `weight.len()`-wide row of `x`.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
@@ -20,11 +21,31 @@ pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     rms_norm(out, weight, eps);
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]`.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+/// `out[i] = silu(gate[i]) · up[i]`, with [`fast_exp`] (relative error
+/// about 2e-7) so the loop vectorizes: 8 lanes where the CPU has AVX2, the
+/// same bits either way (no fused operations).
+pub fn silu_mul(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() {
+        // SAFETY: AVX2 was detected.
+        unsafe { silu_mul_avx2(out, gate, up) };
+        return;
     }
+    silu_mul_lanes(out, gate, up);
+}
+
+/// [`silu_mul`]'s loop, compiled for the caller's target features.
+#[inline(always)]
+fn silu_mul_lanes(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + fast_exp(-g)) * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn silu_mul_avx2(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    silu_mul_lanes(out, gate, up);
 }
 
 /// `x[i] += y[i]`.
@@ -177,6 +198,22 @@ mod tests {
         rms_norm(&mut x, &[1.0, 2.0], 0.0);
         let r = (12.5f32).sqrt();
         assert!((x[0] - 3.0 / r).abs() < 1e-6 && (x[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn silu_mul_is_within_fast_exps_error_and_the_same_on_every_path() {
+        let gate: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.37).chain([-200.0, 200.0, 0.0]).collect();
+        let up: Vec<f32> = (0..gate.len()).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        let mut out = vec![f32::NAN; gate.len()];
+        silu_mul(&mut out, &gate, &up);
+        for ((&o, &g), &u) in out.iter().zip(&gate).zip(&up) {
+            let want = f64::from(g) / (1.0 + (-f64::from(g)).exp()) * f64::from(u);
+            // Far below -87, fast_exp saturates: the result is a tiny nonzero number instead of ~0.
+            assert!((f64::from(o) - want).abs() <= 1e-6 * want.abs() + 1e-30, "silu({g}) · {u}: {o} vs {want}");
+        }
+        let mut portable = vec![f32::NAN; gate.len()];
+        silu_mul_lanes(&mut portable, &gate, &up);
+        assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kv::{KvDtype, KvPool};
 use crate::model::linear::{matmul_many, MatmulJob};
-use crate::model::ops::{add_in_place, gelu_tanh_mul, rms_norm_into, Rope, RopeAngles};
+use crate::model::ops::{add_in_place, gelu_tanh_mul, rms_norm_into, silu_mul, Rope, RopeAngles};
 use crate::model::{Linear, MatmulPrecision};
 use crate::weights::TensorView;
 use attention::{paged_attention, HeadShape};
@@ -235,11 +235,7 @@ impl Backend for CpuBackend {
 
     fn silu_mul(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
         let n = rows * width;
-        each_chunk(&mut out[..n], &gate[..n], &up[..n], rows, width, |out, gate, up| {
-            for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-                *o = *g / (1.0 + (-*g).exp()) * u;
-            }
-        });
+        each_chunk(&mut out[..n], &gate[..n], &up[..n], rows, width, silu_mul);
         Ok(())
     }
 
