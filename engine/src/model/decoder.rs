@@ -208,8 +208,16 @@ impl Decoder<CpuBackend> {
         Self { rope: Rope::new(weights.config()), weights, backend, geometry, device_sampling: true, tables: HashMap::new(), penalties: PenaltyBook::default() }
     }
 
-    /// Choose fast (8-bit activations) or exact (f32) quantized matmuls.
+    /// Choose fast (8-bit activations, f16 KV cache) or exact (f32) mode.
+    /// Where the cache's dtype changes, the pool is replaced by an empty one
+    /// with the same block count: every cached key and value is gone, so
+    /// the saved block tables are dropped too (call it before any sequence).
     pub fn set_precision(&mut self, precision: MatmulPrecision) {
+        let before = self.backend.kv_geometry();
         self.backend.set_precision(precision);
+        self.geometry = self.backend.kv_geometry();
+        if self.geometry != before {
+            self.tables.clear();
+        }
     }
 }

@@ -497,6 +497,7 @@ impl Sink {
     #[inline(always)]
     fn put_group4(&self, r: usize, g: usize, out: &[[f32; GROUP]; 4], n: usize) {
         let lanes = n.saturating_sub(g * GROUP).min(GROUP);
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
         if r + 4 <= self.rows && g * GROUP + lanes <= self.tokens {

@@ -208,7 +208,7 @@ mod tests {
         silu_mul(&mut out, &gate, &up);
         for ((&o, &g), &u) in out.iter().zip(&gate).zip(&up) {
             let want = f64::from(g) / (1.0 + (-f64::from(g)).exp()) * f64::from(u);
-            // Far below -87, fast_exp saturates: the result is a tiny nonzero number instead of ~0.
+            // Below about -88, fast_exp(-g) is clamped at e^88: a tiny nonzero result instead of ~0.
             assert!((f64::from(o) - want).abs() <= 1e-6 * want.abs() + 1e-30, "silu({g}) · {u}: {o} vs {want}");
         }
         let mut portable = vec![f32::NAN; gate.len()];
