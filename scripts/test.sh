@@ -17,6 +17,11 @@ echo "tool-calling model: $SPINDLE_QWEN05_GGUF"
 SPINDLE_GEMMA3_GGUF=$(scripts/fetch-model.sh --name gemma-3-270m | tail -n 1)
 export SPINDLE_GEMMA3_GGUF
 echo "gemma 3 model: $SPINDLE_GEMMA3_GGUF"
+# Qwen2.5-Coder-1.5B (1.1 GB) for the two-turn tool loop in
+# server/tests/qwen15_tool_loop.rs (the 0.5B cannot close the loop).
+SPINDLE_QWEN15_GGUF=$(scripts/fetch-model.sh --name qwen2.5-coder-1.5b-instruct | tail -n 1)
+export SPINDLE_QWEN15_GGUF
+echo "tool-loop model: $SPINDLE_QWEN15_GGUF"
 bash scripts/tests/fetch-model-names.sh
 
 # The OpenAI Python SDK (from PyPI, exact pins) in .venv-py, for
@@ -49,6 +54,8 @@ run_tests() {
 run_tests test --workspace --all-targets --no-fail-fast
 # Tool calls on Qwen2.5-Coder-0.5B (ignored by a plain `cargo test`).
 run_tests test -p spindle-server --test qwen_tools -- --ignored
+# A two-turn agent loop (call, function_call_output, final answer) on the 1.5B.
+run_tests test -p spindle-server --test qwen15_tool_loop -- --ignored
 # Qwen2.5-Coder-0.5B's logits and greedy tokens against the numpy reference.
 run_tests test -p spindle-engine --test qwen05_reference -- --ignored
 # Gemma 3 270M: its tokenizer against llama.cpp's, its logits and greedy
