@@ -141,6 +141,18 @@ fn choose_device(device: Device, built: bool, gpus: usize) -> Result<(Device, St
     }
 }
 
+/// Why a CPU cache dtype the options ask for is not used: `auto` chose a
+/// GPU, whose cache is bf16 (an explicit `cuda` with the option is refused
+/// by the CLI before this).
+fn unused_cpu_kv_dtype(asked: Device, resolved: Device, dtype: Option<KvDtype>) -> Option<String> {
+    match (asked, resolved, dtype) {
+        (Device::Auto, Device::Cuda(n), Some(d)) => {
+            Some(format!("device auto chose cuda:{n}: the KV cache dtype {d:?} applies to the CPU's cache only; the GPU's cache is bf16"))
+        }
+        _ => None,
+    }
+}
+
 /// A model's file or directory, opened once: its tensors and its metadata
 /// (config, tokenizer, chat template), so a caller can tokenize before it
 /// sizes the KV cache without reading the model twice.
@@ -181,7 +193,12 @@ impl ModelFiles {
         let Self { src, naming, meta } = self;
         if let Device::Cuda(ordinal) = resolved {
             match backend::cuda_executor(ordinal, &meta, src.as_ref(), naming, options, progress) {
-                Ok(executor) => return Ok(OpenedModel { executor, meta, device: resolved }),
+                Ok(executor) => {
+                    if let Some(note) = unused_cpu_kv_dtype(device, resolved, options.cpu_kv_dtype) {
+                        tracing::warn!("{note}");
+                    }
+                    return Ok(OpenedModel { executor, meta, device: resolved });
+                }
                 Err(e) if device == Device::Auto => tracing::warn!("device auto: cuda:{ordinal} cannot run this model ({e}); using the CPU"),
                 Err(e) => return Err(e),
             }
@@ -251,6 +268,10 @@ mod tests {
         assert_eq!(choose_device(Device::Auto, false, 4).unwrap().0, Device::Cpu);
         assert_eq!(choose_device(Device::Auto, true, 0).unwrap().0, Device::Cpu);
         assert_eq!(choose_device(Device::Auto, true, 2).unwrap().0, Device::Cuda(0));
+        let note = unused_cpu_kv_dtype(Device::Auto, Device::Cuda(0), Some(KvDtype::F16)).expect("auto on a GPU drops the CPU dtype");
+        assert!(note.contains("cuda:0") && note.contains("F16") && note.contains("bf16"), "{note}");
+        assert_eq!(unused_cpu_kv_dtype(Device::Auto, Device::Cpu, Some(KvDtype::F16)), None, "the CPU uses it");
+        assert_eq!(unused_cpu_kv_dtype(Device::Auto, Device::Cuda(0), None), None, "nothing asked");
         assert_eq!(choose_device(Device::Cuda(1), true, 0).unwrap().0, Device::Cuda(1), "an explicit GPU is never swapped for the CPU");
         let err = choose_device(Device::Cuda(0), false, 0).unwrap_err().to_string();
         assert!(err.contains("built without the CUDA backend"), "{err}");

@@ -131,7 +131,7 @@ fn multi_turn_conversation_hits_the_prefix_cache() {
         if turn < 4 {
             prompt.extend(&output);
             prompt.extend(&stops[..1]);
-            let next = format!("\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n", user_turns[turn]);
+            let next = format!("\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n", user_turns.get(turn).expect("a user turn for each of the first four"));
             prompt.extend(tok.encode(&next, false).expect("encode"));
         }
     }

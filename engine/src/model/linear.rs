@@ -520,7 +520,7 @@ impl Sink {
             }
         }
         for lane in done..lanes {
-            self.put4(r, g * GROUP + lane, [out[0][lane], out[1][lane], out[2][lane], out[3][lane]]);
+            self.put4(r, g * GROUP + lane, out.each_ref().map(|row| row[lane]));
         }
     }
 

@@ -5,8 +5,17 @@
 
 use half::f16;
 
-/// One stored key or value: widened to `f32` before any arithmetic.
-pub trait KvElement: Copy + Send + Sync + 'static {
+mod sealed {
+    /// Only this module's types are KV elements (the kernels' `unsafe`
+    /// loads rely on their exact layouts).
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+}
+
+/// One stored key or value: widened to `f32` before any arithmetic. Sealed:
+/// implemented for `f32` and `f16` only.
+pub trait KvElement: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The value as an `f32` (exact for both types).
     fn to_f32(self) -> f32;
 
