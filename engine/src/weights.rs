@@ -2,6 +2,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::gguf::types::GgmlType;
+use std::sync::Arc;
 
 /// Borrowed raw bytes of one tensor plus how to read them.
 ///
@@ -18,9 +19,19 @@ pub struct TensorView<'a> {
     pub shape: Vec<usize>,
     /// The raw bytes (exactly `dtype.bytes_for(numel)` long).
     pub data: &'a [u8],
+    /// The same bytes as a handle that outlives the source (a range of its
+    /// memory map), where the source can share them; `None` where they
+    /// must be copied to be kept.
+    pub shared: Option<WeightBytes>,
 }
 
 impl TensorView<'_> {
+    /// The bytes, kept: shared with the source where it allows (no copy,
+    /// nothing allocated), copied otherwise.
+    pub fn keep_bytes(&self) -> WeightBytes {
+        self.shared.clone().unwrap_or_else(|| WeightBytes::owned(self.data.to_vec()))
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -45,4 +56,113 @@ pub trait TensorSource {
     fn tensor(&self, name: &str) -> Result<TensorView<'_>>;
     /// Whether a tensor called `name` exists.
     fn contains(&self, name: &str) -> bool;
+}
+
+/// Memory whose bytes never move or change while it is alive: a memory map
+/// of a file treated as immutable, or a buffer nobody writes.
+///
+/// # Safety
+/// `bytes` must return the same, unchanging slice on every call for as long
+/// as the value lives.
+pub(crate) unsafe trait StableBytes: Send + Sync {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+}
+
+// SAFETY: a read-only map stays at its address until dropped; model files
+// are treated as immutable while mapped (see `GgufFile::open`).
+unsafe impl StableBytes for memmap2::Mmap {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+// SAFETY: the buffer is only reachable through the `Arc` that owns it, and
+// nothing takes `&mut` to it, so its heap allocation neither moves nor changes.
+unsafe impl StableBytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A weight's bytes, kept for as long as the model: a range of a shared
+/// memory map (the file's pages, never copied: a model costs its file's size
+/// once, in the page cache) or an owned buffer. Cloning shares.
+#[derive(Clone)]
+pub struct WeightBytes {
+    ptr: *const u8,
+    len: usize,
+    /// Keeps `ptr..ptr + len` alive and unchanged.
+    owner: Arc<dyn StableBytes>,
+}
+
+// SAFETY: the bytes are immutable and owned by `owner`, which is Send + Sync.
+unsafe impl Send for WeightBytes {}
+// SAFETY: as above: shared references to immutable bytes.
+unsafe impl Sync for WeightBytes {}
+
+impl WeightBytes {
+    /// Bytes held in a buffer of their own.
+    pub fn owned(bytes: Vec<u8>) -> Self {
+        let owner: Arc<dyn StableBytes> = Arc::new(bytes);
+        let (ptr, len) = (owner.bytes().as_ptr(), owner.bytes().len());
+        Self { ptr, len, owner }
+    }
+
+    /// `range` of `owner`'s bytes, sharing them; `None` if out of range.
+    pub(crate) fn shared(owner: Arc<dyn StableBytes>, range: std::ops::Range<usize>) -> Option<Self> {
+        let slice = owner.bytes().get(range)?;
+        let (ptr, len) = (slice.as_ptr(), slice.len());
+        Some(Self { ptr, len, owner })
+    }
+
+    /// Whether these bytes live in a shared memory map rather than a buffer
+    /// of their own.
+    pub fn is_shared_with(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.owner, &other.owner)
+    }
+
+    /// Reads one byte of every 4 KiB page, so a mapped range's pages are
+    /// present before the first forward pass needs them (a minor fault per
+    /// page now, none in a request later). Returns a value derived from the
+    /// bytes so the reads are not optimised away.
+    pub fn touch_pages(&self) -> u8 {
+        self.iter().step_by(4096).fold(0u8, |acc, &b| acc ^ b)
+    }
+}
+
+impl std::ops::Deref for WeightBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr..ptr + len lies in `owner`'s bytes, which neither move
+        // nor change while `owner` (held by self) is alive.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::fmt::Debug for WeightBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightBytes").field("len", &self.len).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_bytes_are_the_range_and_outlive_every_other_handle() {
+        let owner: Arc<dyn StableBytes> = Arc::new((0u8..=255).collect::<Vec<u8>>());
+        let a = WeightBytes::shared(owner.clone(), 10..20).expect("in range");
+        let b = WeightBytes::shared(owner.clone(), 200..256).expect("in range");
+        drop(owner);
+        assert_eq!(&a[..], &(10u8..20).collect::<Vec<_>>()[..]);
+        assert_eq!(b.len(), 56);
+        assert!(a.is_shared_with(&b));
+        assert!(!a.is_shared_with(&WeightBytes::owned(vec![1, 2])));
+        let none = WeightBytes::shared(Arc::new(vec![0u8; 4]), 2..9);
+        assert!(none.is_none(), "a range past the end is refused");
+        assert_eq!(a.touch_pages(), 10, "one byte of the only page");
+    }
 }

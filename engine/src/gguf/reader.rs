@@ -9,13 +9,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 use super::cursor::Cursor;
 use super::types::GgmlType;
 pub use super::value::MetadataValue;
 use super::value::ValueParser;
 use crate::error::{EngineError, Result};
-use crate::weights::{TensorSource, TensorView};
+use crate::weights::{StableBytes, TensorSource, TensorView, WeightBytes};
 
 /// The four magic bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -64,7 +65,9 @@ enum Backing {
     Owned(Vec<u8>),
 }
 
-impl Backing {
+// SAFETY: both variants are stable (see the impls for `Mmap` and `Vec<u8>`):
+// a `Backing` is never written after it is made.
+unsafe impl StableBytes for Backing {
     fn bytes(&self) -> &[u8] {
         match self {
             Self::Mmap(m) => m,
@@ -75,7 +78,7 @@ impl Backing {
 
 /// A parsed GGUF file: its metadata and tensor infos, plus the tensor bytes.
 pub struct GgufFile {
-    backing: Backing,
+    backing: Arc<Backing>,
     version: u32,
     alignment: u64,
     data_offset: u64,
@@ -130,7 +133,7 @@ impl GgufFile {
     fn from_backing(backing: Backing) -> Result<Self> {
         let p = parse(backing.bytes())?;
         Ok(Self {
-            backing,
+            backing: Arc::new(backing),
             version: p.version,
             alignment: p.alignment,
             data_offset: p.data_offset,
@@ -213,13 +216,18 @@ impl GgufFile {
 
     /// The raw bytes of a tensor described by one of this file's infos.
     pub fn tensor_data(&self, info: &TensorInfo) -> Result<&[u8]> {
-        let start = usize::try_from(info.offset).ok();
-        let range = start.and_then(|s| s.checked_add(info.size).map(|e| s..e));
-        range
-            .and_then(|r| self.backing.bytes().get(r))
-            .ok_or_else(|| {
-                EngineError::InvalidGguf(format!("tensor `{}` data is out of bounds", info.name))
-            })
+        self.tensor_range(info).and_then(|r| self.backing.bytes().get(r)).ok_or_else(|| out_of_bounds(info))
+    }
+
+    /// A tensor's bytes as a handle sharing this file's map (no copy).
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> Result<WeightBytes> {
+        let owner: Arc<dyn StableBytes> = self.backing.clone();
+        self.tensor_range(info).and_then(|r| WeightBytes::shared(owner, r)).ok_or_else(|| out_of_bounds(info))
+    }
+
+    fn tensor_range(&self, info: &TensorInfo) -> Option<std::ops::Range<usize>> {
+        let start = usize::try_from(info.offset).ok()?;
+        start.checked_add(info.size).map(|end| start..end)
     }
 }
 
@@ -233,12 +241,17 @@ impl TensorSource for GgufFile {
             dtype: info.dtype,
             shape: info.shape.clone(),
             data: self.tensor_data(info)?,
+            shared: Some(self.tensor_bytes(info)?),
         })
     }
 
     fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }
+}
+
+fn out_of_bounds(info: &TensorInfo) -> EngineError {
+    EngineError::InvalidGguf(format!("tensor `{}` data is out of bounds", info.name))
 }
 
 /// Parse a whole file.

@@ -250,6 +250,8 @@ impl ShardSet {
             dtype,
             shape: entry.shape.clone(),
             data,
+            // HF weights are float types, converted to f32 when kept.
+            shared: None,
         })
     }
 }

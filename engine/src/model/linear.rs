@@ -20,6 +20,7 @@ use crate::quant::kquant::gemm::{interleave_k, kgemm_kernels, KGemmKernels, Q8KG
 use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, KDotKernels, KRows4TokensFn, Q8KBlock};
 use super::SendPtr;
 use crate::simd;
+use crate::weights::WeightBytes;
 use crate::weights::TensorView;
 use rayon::prelude::*;
 
@@ -39,7 +40,7 @@ enum WeightData {
     F32(Vec<f32>),
     Blocks {
         dtype: GgmlType,
-        bytes: Vec<u8>,
+        bytes: WeightBytes,
         row_bytes: usize,
         kernels: Option<DotKernels>,
         gemm: Option<GemmKernels>,
@@ -97,7 +98,10 @@ impl Linear {
                 let gemm = if cols.is_multiple_of(QK) { gemm_kernels(dtype) } else { None };
                 let kquant = if cols.is_multiple_of(QK_K) { kdot_kernels(dtype) } else { None };
                 let kgemm = if cols.is_multiple_of(QK_K) { kgemm_kernels(dtype) } else { None };
-                WeightData::Blocks { dtype, bytes: t.data.to_vec(), row_bytes, kernels, gemm, kquant, kgemm }
+                let bytes = t.keep_bytes();
+                // Mapped pages are made present now, not in the first request.
+                std::hint::black_box(bytes.touch_pages());
+                WeightData::Blocks { dtype, bytes, row_bytes, kernels, gemm, kquant, kgemm }
             }
         };
         Ok(Self { rows, cols, data, bias: None })
@@ -120,6 +124,11 @@ impl Linear {
         }
         self.bias = Some(bias);
         Ok(self)
+    }
+
+    /// Whether this layer's quantized bytes are `other`'s (shared, not a copy).
+    pub fn shares_bytes_with(&self, other: &WeightBytes) -> bool {
+        matches!(&self.data, WeightData::Blocks { bytes, .. } if bytes.is_shared_with(other) && bytes.as_ptr() == other.as_ptr())
     }
 
     /// Output features.
@@ -623,8 +632,33 @@ mod tests {
                 b[at..at + 2].copy_from_slice(&v);
             }
         }
-        let view = TensorView { name: format!("{dtype:?}"), dtype, shape: vec![rows, cols], data: &bytes };
+        let view = TensorView { name: format!("{dtype:?}"), dtype, shape: vec![rows, cols], data: &bytes, shared: None };
         Linear::from_tensor(&view, rows, cols).expect("layer")
+    }
+
+    /// A quantized layer read from a GGUF file keeps the file's bytes (no
+    /// copy) after the file handle is gone, and computes what a copy does.
+    #[test]
+    fn a_gguf_layer_shares_the_files_bytes_and_outlives_the_handle() {
+        let mut seed = 5u64;
+        let (rows, cols) = (8, 64);
+        let copied = random_layer(GgmlType::Q8_0, rows, cols, &mut seed);
+        let WeightData::Blocks { bytes, .. } = &copied.data else { panic!("a block layer") };
+        let mut w = crate::gguf::GgufWriter::new();
+        w.add_tensor("w", GgmlType::Q8_0, &[rows, cols], bytes.to_vec()).expect("tensor");
+        let file = crate::gguf::GgufFile::from_bytes(w.to_bytes().expect("gguf")).expect("parse");
+        let view = crate::weights::TensorSource::tensor(&file, "w").expect("view");
+        let mapped = Linear::from_tensor(&view, rows, cols).expect("layer");
+        let file_bytes = view.shared.clone().expect("a GGUF view shares its bytes");
+        assert!(mapped.shares_bytes_with(&file_bytes), "the layer holds the file's bytes, not a copy");
+        assert!(!copied.shares_bytes_with(&file_bytes));
+        drop(view);
+        drop(file);
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 - 30.0) / 17.0).collect();
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        mapped.forward(&x, 1, &mut a, MatmulPrecision::Fast).expect("forward");
+        copied.forward(&x, 1, &mut b, MatmulPrecision::Fast).expect("forward");
+        assert_eq!(a, b);
     }
 
     /// Every token's outputs are bit-identical whatever the batch: one token

@@ -161,7 +161,7 @@ impl Tensors for RandomTensors {
             _ => return Err(EngineError::InvalidConfig(format!("{name}: no random weights of shape {shape:?}"))),
         };
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        f(&TensorView { name: name.to_string(), dtype: GgmlType::F32, shape: shape.to_vec(), data: &bytes })
+        f(&TensorView { name: name.to_string(), dtype: GgmlType::F32, shape: shape.to_vec(), data: &bytes, shared: None })
     }
 
     fn contains(&self, name: &str) -> bool {
