@@ -60,7 +60,8 @@ fn only_message_text(r: &Value) -> String {
 /// Turn one (the first step forced with `tool_choice: "required"` and one
 /// call, as agents do) calls `get_weather` for the asked city; turn two, `tool_choice:
 /// "auto"` and only the `function_call_output` as input, is one message that
-/// states the temperature the tool returned, for each of four cities.
+/// states the temperature the tool returned, for each of four cities, with
+/// turn one's prompt served from the prefix cache.
 #[tokio::test]
 #[ignore = "needs the 1.1 GB Qwen2.5-Coder-1.5B file: scripts/test.sh fetches it and runs this with --ignored"]
 async fn a_call_then_its_output_then_a_final_answer_over_previous_response_id() {
@@ -84,6 +85,11 @@ async fn a_call_then_its_output_then_a_final_answer_over_previous_response_id() 
                                      "temperature": 0, "max_output_tokens": 60})).await;
         assert_eq!(second["status"], "completed", "{second}");
         assert_eq!(second["previous_response_id"], first["id"], "{second}");
+        // The agent loop keeps the prefix cache: turn two's prompt starts
+        // with turn one's, whose whole blocks of 16 tokens are reused.
+        let first_input = first["usage"]["input_tokens"].as_u64().expect("input_tokens");
+        let cached = second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens");
+        assert!(cached >= first_input / 16 * 16, "{city}: {cached} cached tokens of turn one's {first_input}");
         let answer = only_message_text(&second);
         assert!(answer.contains(&celsius.to_string()), "{city}: the answer states the tool's {celsius}: {answer:?}");
         assert!(!answer.contains('{'), "{city}: an answer in words, not JSON: {answer:?}");
