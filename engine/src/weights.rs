@@ -62,8 +62,9 @@ pub trait TensorSource {
 /// of a file treated as immutable, or a buffer nobody writes.
 ///
 /// # Safety
-/// `bytes` must return the same, unchanging slice on every call for as long
-/// as the value lives.
+/// `bytes` must return the same slice on every call, and its contents must
+/// not change, for as long as only shared access to the value exists (here:
+/// while it sits behind the `Arc` of a [`WeightBytes`]).
 pub(crate) unsafe trait StableBytes: Send + Sync {
     /// The bytes.
     fn bytes(&self) -> &[u8];
@@ -116,8 +117,8 @@ impl WeightBytes {
         Some(Self { ptr, len, owner })
     }
 
-    /// Whether these bytes live in a shared memory map rather than a buffer
-    /// of their own.
+    /// Whether both handles keep the same owner alive (the same file map or
+    /// buffer).
     pub fn is_shared_with(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.owner, &other.owner)
     }
@@ -127,7 +128,16 @@ impl WeightBytes {
     /// page now, none in a request later). Returns a value derived from the
     /// bytes so the reads are not optimised away.
     pub fn touch_pages(&self) -> u8 {
-        self.iter().step_by(4096).fold(0u8, |acc, &b| acc ^ b)
+        const PAGE: usize = 4096;
+        let (Some(&first), Some(&last)) = (self.first(), self.last()) else { return 0 };
+        let ends = if self.len() == 1 { first } else { first ^ last };
+        // Each byte read once: the first, the page starts strictly between, the last.
+        let inner_start = match (PAGE - self.ptr as usize % PAGE) % PAGE {
+            0 => PAGE,
+            b => b,
+        };
+        let inner = self.get(inner_start..self.len() - 1).unwrap_or(&[]).iter().step_by(PAGE);
+        inner.fold(ends, |acc, &b| acc ^ b)
     }
 }
 
@@ -163,6 +173,28 @@ mod tests {
         assert!(!a.is_shared_with(&WeightBytes::owned(vec![1, 2])));
         let none = WeightBytes::shared(Arc::new(vec![0u8; 4]), 2..9);
         assert!(none.is_none(), "a range past the end is refused");
-        assert_eq!(a.touch_pages(), 10, "one byte of the only page");
+        assert_eq!(WeightBytes::owned(Vec::new()).touch_pages(), 0, "nothing to touch");
+        assert_eq!(WeightBytes::owned(vec![7]).touch_pages(), 7, "one byte, read once");
+    }
+
+    /// Every page of an unaligned range is read: its first byte, each page
+    /// boundary inside it, and its last byte.
+    #[test]
+    fn touching_reads_the_first_byte_every_page_start_and_the_last() {
+        let mut buf = vec![0u8; 3 * 4096 + 700];
+        let base = buf.as_ptr() as usize;
+        let mut want = 0u8;
+        let boundaries: Vec<usize> = (1..buf.len() - 1).filter(|i| (base + i).is_multiple_of(4096)).collect();
+        assert!(boundaries.len() >= 3);
+        for (j, &i) in boundaries.iter().enumerate() {
+            buf[i] = 1 << j;
+            want |= 1 << j;
+        }
+        buf[0] |= 0x40;
+        let last = buf.len() - 1;
+        buf[last] |= 0x80;
+        want |= 0x40 | 0x80;
+        let bytes = WeightBytes::owned(buf);
+        assert_eq!(bytes.touch_pages(), want);
     }
 }

@@ -118,9 +118,11 @@ impl GgufFile {
             source,
         };
         let file = std::fs::File::open(path).map_err(io_err)?;
-        // SAFETY: the map is read-only and private to this process. As with
-        // every mmap, the file must not be truncated or rewritten while it is
-        // mapped; model files are treated as immutable for their lifetime.
+        // SAFETY: a read-only shared mapping (`MAP_SHARED`), kept for as long
+        // as any layer holds weights from it (the model's lifetime). As with
+        // every mmap-based loader, the file must not be truncated or rewritten
+        // in place while mapped (replacing it by rename is safe); model files
+        // are treated as immutable.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
         Self::from_backing(Backing::Mmap(mmap))
     }

@@ -91,14 +91,15 @@ impl Linear {
                     )));
                 }
                 let row_bytes = dtype.bytes_for(cols)?;
-                if t.data.len() != row_bytes * rows {
+                // The bytes kept are the ones checked (a view's `shared` handle, where it has one).
+                let bytes = t.keep_bytes();
+                if t.data.len() != row_bytes * rows || bytes.len() != t.data.len() {
                     return Err(EngineError::InvalidGguf(format!("tensor `{}` has the wrong byte size", t.name)));
                 }
                 let kernels = if cols.is_multiple_of(QK) { dot_kernels(dtype) } else { None };
                 let gemm = if cols.is_multiple_of(QK) { gemm_kernels(dtype) } else { None };
                 let kquant = if cols.is_multiple_of(QK_K) { kdot_kernels(dtype) } else { None };
                 let kgemm = if cols.is_multiple_of(QK_K) { kgemm_kernels(dtype) } else { None };
-                let bytes = t.keep_bytes();
                 // Mapped pages are made present now, not in the first request.
                 std::hint::black_box(bytes.touch_pages());
                 WeightData::Blocks { dtype, bytes, row_bytes, kernels, gemm, kquant, kgemm }
@@ -634,6 +635,40 @@ mod tests {
         }
         let view = TensorView { name: format!("{dtype:?}"), dtype, shape: vec![rows, cols], data: &bytes, shared: None };
         Linear::from_tensor(&view, rows, cols).expect("layer")
+    }
+
+    /// A view whose shared handle disagrees with its bytes is refused.
+    #[test]
+    fn a_view_whose_shared_bytes_differ_in_length_is_refused() {
+        let bytes = vec![0u8; 2 * 34];
+        let short = crate::weights::WeightBytes::owned(vec![0u8; 34]);
+        let view = TensorView { name: "w".into(), dtype: GgmlType::Q8_0, shape: vec![2, 32], data: &bytes, shared: Some(short) };
+        assert!(Linear::from_tensor(&view, 2, 32).is_err());
+    }
+
+    /// The same through a real memory-mapped file: the layer keeps the map.
+    #[test]
+    fn a_layer_from_a_mapped_file_keeps_the_map_after_the_file_is_gone() {
+        let mut seed = 6u64;
+        let (rows, cols) = (4, 64);
+        let copied = random_layer(GgmlType::Q4_0, rows, cols, &mut seed);
+        let WeightData::Blocks { bytes, .. } = &copied.data else { panic!("a block layer") };
+        let mut w = crate::gguf::GgufWriter::new();
+        w.add_tensor("w", GgmlType::Q4_0, &[rows, cols], bytes.to_vec()).expect("tensor");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m.gguf");
+        w.write_to(&path).expect("write");
+        let file = crate::gguf::GgufFile::open(&path).expect("open");
+        let view = crate::weights::TensorSource::tensor(&file, "w").expect("view");
+        let mapped = Linear::from_tensor(&view, rows, cols).expect("layer");
+        assert!(mapped.shares_bytes_with(view.shared.as_ref().expect("shared")));
+        drop(view);
+        drop(file);
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 - 20.0) / 9.0).collect();
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        mapped.forward(&x, 1, &mut a, MatmulPrecision::Fast).expect("forward");
+        copied.forward(&x, 1, &mut b, MatmulPrecision::Fast).expect("forward");
+        assert_eq!(a, b);
     }
 
     /// A quantized layer read from a GGUF file keeps the file's bytes (no
