@@ -10,25 +10,15 @@ mod common;
 
 use common::Server;
 use serde_json::{json, Value};
-use spindle_server::app::Limits;
-use std::time::Duration;
 
 const NAME: &str = "qwen2.5-coder-0.5b-instruct";
 
 async fn start() -> Server {
-    let path = std::env::var("SPINDLE_QWEN05_GGUF")
-        .expect("SPINDLE_QWEN05_GGUF must name qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (scripts/test.sh sets it)");
-    common::start_model(&path, NAME, vec![], Limits::default(), 256, |s| std::sync::Arc::new(s)).await
+    common::start_env_model("SPINDLE_QWEN05_GGUF", NAME).await
 }
 
-async fn post(s: &Server, mut body: Value) -> Value {
-    body["model"] = json!(NAME);
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client");
-    let r = client.post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
-    let status = r.status().as_u16();
-    let v: Value = r.json().await.expect("json body");
-    assert_eq!(status, 200, "{v}");
-    v
+async fn post(s: &Server, body: Value) -> Value {
+    common::post_response(s, NAME, body).await
 }
 
 fn tools() -> Value {

@@ -100,8 +100,11 @@ impl Linear {
                 let gemm = if cols.is_multiple_of(QK) { gemm_kernels(dtype) } else { None };
                 let kquant = if cols.is_multiple_of(QK_K) { kdot_kernels(dtype) } else { None };
                 let kgemm = if cols.is_multiple_of(QK_K) { kgemm_kernels(dtype) } else { None };
-                // Mapped pages are made present now, not in the first request.
-                std::hint::black_box(bytes.touch_pages());
+                // Mapped pages are made present now, not in the first request
+                // (a copy's pages already are).
+                if t.shared.is_some() {
+                    std::hint::black_box(bytes.touch_pages());
+                }
                 WeightData::Blocks { dtype, bytes, row_bytes, kernels, gemm, kquant, kgemm }
             }
         };
@@ -128,7 +131,8 @@ impl Linear {
     }
 
     /// Whether this layer's quantized bytes are `other`'s (shared, not a copy).
-    pub fn shares_bytes_with(&self, other: &WeightBytes) -> bool {
+    #[cfg(test)]
+    fn shares_bytes_with(&self, other: &WeightBytes) -> bool {
         matches!(&self.data, WeightData::Blocks { bytes, .. } if bytes.is_shared_with(other) && bytes.as_ptr() == other.as_ptr())
     }
 
@@ -646,42 +650,16 @@ mod tests {
         assert!(Linear::from_tensor(&view, 2, 32).is_err());
     }
 
-    /// The same through a real memory-mapped file: the layer keeps the map.
-    #[test]
-    fn a_layer_from_a_mapped_file_keeps_the_map_after_the_file_is_gone() {
-        let mut seed = 6u64;
-        let (rows, cols) = (4, 64);
-        let copied = random_layer(GgmlType::Q4_0, rows, cols, &mut seed);
-        let WeightData::Blocks { bytes, .. } = &copied.data else { panic!("a block layer") };
-        let mut w = crate::gguf::GgufWriter::new();
-        w.add_tensor("w", GgmlType::Q4_0, &[rows, cols], bytes.to_vec()).expect("tensor");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("m.gguf");
-        w.write_to(&path).expect("write");
-        let file = crate::gguf::GgufFile::open(&path).expect("open");
-        let view = crate::weights::TensorSource::tensor(&file, "w").expect("view");
-        let mapped = Linear::from_tensor(&view, rows, cols).expect("layer");
-        assert!(mapped.shares_bytes_with(view.shared.as_ref().expect("shared")));
-        drop(view);
-        drop(file);
-        let x: Vec<f32> = (0..cols).map(|i| (i as f32 - 20.0) / 9.0).collect();
-        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
-        mapped.forward(&x, 1, &mut a, MatmulPrecision::Fast).expect("forward");
-        copied.forward(&x, 1, &mut b, MatmulPrecision::Fast).expect("forward");
-        assert_eq!(a, b);
-    }
-
-    /// A quantized layer read from a GGUF file keeps the file's bytes (no
-    /// copy) after the file handle is gone, and computes what a copy does.
-    #[test]
-    fn a_gguf_layer_shares_the_files_bytes_and_outlives_the_handle() {
+    /// A random `dtype` layer written to a GGUF file and read back through
+    /// `read`; the layer from the file must hold the file's bytes (no copy)
+    /// and, once the file handle is gone, compute what the copy does.
+    fn check_layer_keeps_the_files_bytes(dtype: GgmlType, rows: usize, cols: usize, read: impl FnOnce(&crate::gguf::GgufWriter) -> crate::gguf::GgufFile) {
         let mut seed = 5u64;
-        let (rows, cols) = (8, 64);
-        let copied = random_layer(GgmlType::Q8_0, rows, cols, &mut seed);
+        let copied = random_layer(dtype, rows, cols, &mut seed);
         let WeightData::Blocks { bytes, .. } = &copied.data else { panic!("a block layer") };
         let mut w = crate::gguf::GgufWriter::new();
-        w.add_tensor("w", GgmlType::Q8_0, &[rows, cols], bytes.to_vec()).expect("tensor");
-        let file = crate::gguf::GgufFile::from_bytes(w.to_bytes().expect("gguf")).expect("parse");
+        w.add_tensor("w", dtype, &[rows, cols], bytes.to_vec()).expect("tensor");
+        let file = read(&w);
         let view = crate::weights::TensorSource::tensor(&file, "w").expect("view");
         let mapped = Linear::from_tensor(&view, rows, cols).expect("layer");
         let file_bytes = view.shared.clone().expect("a GGUF view shares its bytes");
@@ -694,6 +672,25 @@ mod tests {
         mapped.forward(&x, 1, &mut a, MatmulPrecision::Fast).expect("forward");
         copied.forward(&x, 1, &mut b, MatmulPrecision::Fast).expect("forward");
         assert_eq!(a, b);
+    }
+
+    /// Through a real memory-mapped file: the layer keeps the map.
+    #[test]
+    fn a_layer_from_a_mapped_file_keeps_the_map_after_the_file_is_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m.gguf");
+        check_layer_keeps_the_files_bytes(GgmlType::Q4_0, 4, 64, |w| {
+            w.write_to(&path).expect("write");
+            crate::gguf::GgufFile::open(&path).expect("open")
+        });
+    }
+
+    /// Through a file held in memory.
+    #[test]
+    fn a_gguf_layer_shares_the_files_bytes_and_outlives_the_handle() {
+        check_layer_keeps_the_files_bytes(GgmlType::Q8_0, 8, 64, |w| {
+            crate::gguf::GgufFile::from_bytes(w.to_bytes().expect("gguf")).expect("parse")
+        });
     }
 
     /// Every token's outputs are bit-identical whatever the batch: one token

@@ -60,6 +60,25 @@ pub async fn start_model(
     start_model_with(path, name, keys, limits, wrap, |model| ModelRunner::new(model, blocks, 16)).await
 }
 
+/// A server on the model file that environment variable `var` names (the
+/// test fails when it is unset: `scripts/test.sh` sets it), served as `name`.
+pub async fn start_env_model(var: &str, name: &str) -> Server {
+    let path = std::env::var(var).unwrap_or_else(|_| panic!("{var} must name the {name} GGUF file (scripts/test.sh sets it)"));
+    start_model(&path, name, vec![], Limits::default(), 256, |s| Arc::new(s)).await
+}
+
+/// POSTs `body` with its `model` set to `name` to `/v1/responses` (300 s
+/// deadline: real models on two cores), requires 200 and returns the JSON.
+pub async fn post_response(s: &Server, name: &str, mut body: serde_json::Value) -> serde_json::Value {
+    body["model"] = serde_json::json!(name);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client");
+    let r = client.post(format!("{}/v1/responses", s.base)).json(&body).send().await.expect("send");
+    let status = r.status().as_u16();
+    let v: serde_json::Value = r.json().await.expect("json body");
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
 /// [`start_model`] with the executor made by `executor` from the loaded
 /// model (e.g. one wrapped to misbehave).
 pub async fn start_model_with<E: spindle_engine::runner::Executor + 'static>(
