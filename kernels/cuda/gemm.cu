@@ -58,38 +58,61 @@ extern "C" __global__ void gemm_bf16_f32out(float* y, const bf16* x, const bf16*
     gemm_tile<float>(y, x, w, m, n, k);
 }
 
-// Skinny GEMM for decode, y[m, n] = x[m, k] · w[n, k]ᵀ with m ≤ GEMV_MAX_M
-// and k a multiple of 8: one warp per output column n streams w's row in
-// 16-byte loads (8 bf16) and keeps m partial sums, so the weights are read
-// once at full bandwidth. 256 threads (8 warps) per block.
+// Skinny GEMM for decode (gemv_rows below): w is streamed once in 16-byte
+// loads while m ≤ GEMV_MAX_M rows of x are summed against it.
 #define GEMV_MAX_M 8
 
+// Weight chunks (16 bytes each) every lane loads before using them.
+#define GEMV_UNROLL 4
+
+// Skinny GEMM y = x · wᵀ for m ≤ GEMV_MAX_M rows, k a multiple of 8: each
+// block of 8 warps takes `rows_per_block` rows of w (1, 2, 4 or 8), each row
+// split along k over 8 / rows_per_block warps, so a narrow layer still spreads
+// over every multiprocessor. Each lane loads GEMV_UNROLL 16-byte weight
+// chunks before using them (bytes in flight); the row's partial sums are
+// added in a fixed order (the result does not depend on timing).
 template <typename Out>
-__device__ void gemv_rows(Out* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int n, int k) {
-    const unsigned warp = (blockIdx.x * (unsigned)blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (warp >= (unsigned)n) return;
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)warp * k);
+__device__ void gemv_rows(Out* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int n,
+                          int k, int rows_per_block, int block) {
+    __shared__ float partial[8][GEMV_MAX_M];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warps_per_row = (blockDim.x >> 5) / rows_per_block;
+    const int row = block * rows_per_block + warp / warps_per_row;
+    const int part = warp % warps_per_row;
+    const int chunks = k >> 3;
+    const int stride = warps_per_row * 32;
     // Fixed-size loops over GEMV_MAX_M (guarded by m) keep acc in registers.
     float acc[GEMV_MAX_M];
 #pragma unroll
     for (int r = 0; r < GEMV_MAX_M; ++r) acc[r] = 0.0f;
-    const int chunks = k / 8;
-    for (int c = lane; c < chunks; c += 32) {
-        const uint4 packed = wr[c];
-        const bf16* wv = reinterpret_cast<const bf16*>(&packed);
-        float wf[8];
+    if (row < n) {
+        const uint4* wr = reinterpret_cast<const uint4*>(w + (size_t)row * k);
+        for (int c0 = part * 32 + lane; c0 < chunks; c0 += stride * GEMV_UNROLL) {
+            uint4 packed[GEMV_UNROLL];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) wf[j] = to_f32(wv[j]);
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int c = c0 + u * stride;
+                packed[u] = c < chunks ? wr[c] : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
-        for (int r = 0; r < GEMV_MAX_M; ++r) {
-            if (r < m) {
-                const uint4 xp = reinterpret_cast<const uint4*>(x + (size_t)r * k)[c];
-                const bf16* xv = reinterpret_cast<const bf16*>(&xp);
-                float s = 0.0f;
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int c = c0 + u * stride;
+                if (c >= chunks) break;
+                const bf16* wv = reinterpret_cast<const bf16*>(&packed[u]);
+                float wf[8];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) s += wf[j] * to_f32(xv[j]);
-                acc[r] += s;
+                for (int j = 0; j < 8; ++j) wf[j] = to_f32(wv[j]);
+#pragma unroll
+                for (int r = 0; r < GEMV_MAX_M; ++r) {
+                    if (r < m) {
+                        const uint4 xp = reinterpret_cast<const uint4*>(x + (size_t)r * k)[c];
+                        const bf16* xv = reinterpret_cast<const bf16*>(&xp);
+                        float s = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) s += wf[j] * to_f32(xv[j]);
+                        acc[r] += s;
+                    }
+                }
             }
         }
     }
@@ -97,18 +120,57 @@ __device__ void gemv_rows(Out* __restrict__ y, const bf16* __restrict__ x, const
     for (int r = 0; r < GEMV_MAX_M; ++r) {
         if (r < m) {
             const float total = warp_sum(acc[r]);
-            if (lane == 0) store<Out>(y, (size_t)r * n + warp, total);
+            if (lane == 0) partial[warp][r] = total;
         }
+    }
+    __syncthreads();
+    if (part == 0 && row < n && lane < m) {
+        float total = 0.0f;
+        for (int p = 0; p < warps_per_row; ++p) total += partial[warp + p][lane];
+        store<Out>(y, (size_t)lane * n + row, total);
     }
 }
 
-// Grid ceil(n / 8), 256 threads.
-extern "C" __global__ void gemv_bf16(bf16* y, const bf16* x, const bf16* w, int m, int n, int k) {
-    gemv_rows<bf16>(y, x, w, m, n, k);
+// Grid ceil(n / rows_per_block), 256 threads.
+extern "C" __global__ void gemv_bf16(bf16* y, const bf16* x, const bf16* w, int m, int n, int k, int rows_per_block) {
+    gemv_rows<bf16>(y, x, w, m, n, k, rows_per_block, blockIdx.x);
 }
 
-extern "C" __global__ void gemv_bf16_f32out(float* y, const bf16* x, const bf16* w, int m, int n, int k) {
-    gemv_rows<float>(y, x, w, m, n, k);
+extern "C" __global__ void gemv_bf16_f32out(float* y, const bf16* x, const bf16* w, int m, int n, int k,
+                                            int rows_per_block) {
+    gemv_rows<float>(y, x, w, m, n, k, rows_per_block, blockIdx.x);
+}
+
+// Linear layers that all read the same x (q, k and v; gate and up), as one
+// launch of the skinny kernel: job j owns blocks [first_block[j],
+// first_block[j + 1]). Passed by value (the layout of GemvJobs in dense.rs).
+#define GEMV_MAX_JOBS 3
+struct GemvJobs {
+    bf16* y[GEMV_MAX_JOBS];
+    const bf16* w[GEMV_MAX_JOBS];
+    int n[GEMV_MAX_JOBS];
+    int rows_per_block[GEMV_MAX_JOBS];
+    int first_block[GEMV_MAX_JOBS + 1];
+    int jobs;
+};
+
+// Grid first_block[jobs], 256 threads.
+extern "C" __global__ void gemv_jobs_bf16(const GemvJobs jobs, const bf16* x, int m, int k) {
+    // Constant indices only (a run-time index would copy the struct to local memory).
+    bf16* y = jobs.y[0];
+    const bf16* w = jobs.w[0];
+    int n = jobs.n[0], rows_per_block = jobs.rows_per_block[0], first = 0;
+#pragma unroll
+    for (int j = 1; j < GEMV_MAX_JOBS; ++j) {
+        if (j < jobs.jobs && (int)blockIdx.x >= jobs.first_block[j]) {
+            y = jobs.y[j];
+            w = jobs.w[j];
+            n = jobs.n[j];
+            rows_per_block = jobs.rows_per_block[j];
+            first = jobs.first_block[j];
+        }
+    }
+    gemv_rows<bf16>(y, x, w, m, n, k, rows_per_block, blockIdx.x - first);
 }
 
 // Tensor-core GEMM (WMMA, bf16 in, f32 accumulate), y = x · wᵀ for any m, n,

@@ -3,7 +3,7 @@
 //! driver is loaded at run time; without one, [`Gpu::open`] returns
 //! [`CudaError::NoDriver`] instead of panicking (cudarc would panic).
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 use std::collections::HashMap;
@@ -14,9 +14,9 @@ mod blas;
 mod dense;
 mod prefill;
 mod sample;
-pub use attention::{DecodeScratch, DecodeShape, DECODE_PARTITION, MAX_HEAD_DIM};
+pub use attention::{DecodeKernel, DecodeScratch, DecodeShape, DECODE_PARTITION, MAX_DECODE_GROUP, MAX_HEAD_DIM};
 pub use blas::cublas_present;
-pub use dense::{GemmKernel, GemmOut};
+pub use dense::{GemmKernel, GemmOut, GemvJob, GEMV_MAX_JOBS, GEMV_MAX_M};
 pub use prefill::{PrefillShape, PREFILL_MAX_HEAD_DIM, PREFILL_TILE};
 pub use sample::{RowSample, RowSampling};
 
@@ -63,6 +63,9 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// [`Gpu::gemv_rows`] of a newly opened GPU.
+pub const DEFAULT_GEMV_ROWS: usize = 0;
+
 /// One GPU with Spindle's kernels loaded.
 #[derive(Debug)]
 pub struct Gpu {
@@ -72,7 +75,16 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     functions: HashMap<&'static str, CudaFunction>,
     blas: blas::Blas,
+    /// See [`Gpu::gemv_rows`].
+    gemv_rows: std::sync::atomic::AtomicUsize,
+    multiprocessors: usize,
+    /// Page-locked host memory reused by [`Gpu::read_host`].
+    host_staging: std::sync::Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
 }
+
+/// Most values [`Gpu::read_host`] stages in page-locked memory (1 GiB);
+/// larger copies go to pageable memory.
+const HOST_STAGING_MAX: usize = 256 << 20;
 
 /// `buf` must hold at least `n` values.
 fn need<T>(buf: &CudaSlice<T>, n: usize, what: &str) -> Result<(), CudaError> {
@@ -139,7 +151,55 @@ impl Gpu {
             }
         }
         let blas = blas::Blas::open(&stream, cublas);
-        Ok(Self { ctx, stream, functions, blas })
+        let multiprocessors = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let multiprocessors = usize::try_from(multiprocessors).unwrap_or(1).max(1);
+        Ok(Self {
+            ctx,
+            stream,
+            functions,
+            blas,
+            gemv_rows: std::sync::atomic::AtomicUsize::new(DEFAULT_GEMV_ROWS),
+            multiprocessors,
+            host_staging: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// `f` over the first `n` values of `src`, copied to the host through
+    /// page-locked memory kept for the next call (a pageable destination
+    /// makes the driver stage the copy, and a fresh one page-faults); copies
+    /// of more than 1 GiB go through pageable memory.
+    pub fn read_host<R>(&self, src: &CudaSlice<f32>, n: usize, f: impl FnOnce(&[f32]) -> R) -> Result<R, CudaError> {
+        need(src, n, "src")?;
+        if n == 0 {
+            return Ok(f(&[]));
+        }
+        if n > HOST_STAGING_MAX {
+            return Ok(f(&self.stream.clone_dtoh(&src.slice(..n))?));
+        }
+        let mut staging = self.host_staging.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if staging.as_ref().is_none_or(|s| s.len() < n) {
+            *staging = None;
+            // Whole MiB of values, so a slowly growing batch does not reallocate every step.
+            let len = n.div_ceil(1 << 18) * (1 << 18);
+            // SAFETY: uninitialized until the copy below writes the first n
+            // values, and only those are read. Flags 0: cached (not
+            // write-combined) memory, which the host reads quickly.
+            *staging = Some(unsafe { self.ctx.alloc_pinned_with_flags::<f32>(len, 0) }?);
+        }
+        let Some(pinned) = staging.as_mut() else { unreachable!("allocated above") };
+        let dst = &mut pinned.as_mut_slice()?[..n];
+        self.ctx.bind_to_thread()?;
+        let (src_ptr, _sync) = src.device_ptr(&self.stream);
+        // SAFETY: dst is n page-locked values and src holds at least n; the
+        // stream is synchronized before dst is read.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src_ptr, self.stream.cu_stream()) }?;
+        self.stream.synchronize()?;
+        Ok(f(dst))
+    }
+
+    /// Streaming multiprocessors on the device.
+    pub fn multiprocessors(&self) -> usize {
+        self.multiprocessors
     }
 
     /// The device's name.

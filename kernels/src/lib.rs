@@ -7,8 +7,9 @@
 //! the residual add fused), `silu_mul_bf16`, `gelu_tanh_mul_bf16`,
 //! `scale_bf16`, `embedding_bf16`,
 //! `rope_neox_bf16`, `kv_write_bf16` (new keys/values into their paged
-//! slots) and `paged_decode_bf16` + `decode_reduce_bf16` (decode attention
-//! over the paged cache, GQA, split along the context), `gemm_bf16` /
+//! slots) and `paged_decode_bf16` / `paged_decode_gqa_bf16` (one block per
+//! query head, or per KV head for all its query heads) + `decode_reduce_bf16`
+//! (decode attention over the paged cache, GQA, split along the context), `gemm_bf16` /
 //! `gemm_bf16_f32out` (linear layers, f32 accumulation, CUDA cores),
 //! `gemm_tc_bf16` / `gemm_tc_bf16_f32out` (the same on tensor cores, WMMA),
 //! `gemv_bf16` /
@@ -53,7 +54,7 @@ mod tests {
     fn every_kernel_is_embedded_as_sm90a_sass_and_isa_9_0_ptx() {
         let mut names: Vec<&str> = MODULES.iter().flat_map(|m| m.functions.iter().copied()).collect();
         names.sort_unstable();
-        assert_eq!(names, ["add_bias_bf16", "add_rmsnorm_bf16", "decode_reduce_bf16", "embedding_bf16", "gelu_tanh_mul_bf16", "gemm_bf16", "gemm_bf16_f32out", "gemm_tc_bf16", "gemm_tc_bf16_f32out", "gemv_bf16", "gemv_bf16_f32out", "kv_write_bf16", "paged_decode_bf16", "paged_prefill_bf16", "rope_neox_bf16", "rope_table_bf16", "sample_rows_f32", "scale_bf16", "silu_mul_bf16"]);
+        assert_eq!(names, ["add_bias_bf16", "add_rmsnorm_bf16", "decode_reduce_bf16", "embedding_bf16", "gelu_tanh_mul_bf16", "gemm_bf16", "gemm_bf16_f32out", "gemm_tc_bf16", "gemm_tc_bf16_f32out", "gemv_bf16", "gemv_bf16_f32out", "gemv_jobs_bf16", "kv_write_bf16", "paged_decode_bf16", "paged_decode_gqa_bf16", "paged_prefill_bf16", "rope_neox_bf16", "rope_table_bf16", "sample_rows_f32", "scale_bf16", "silu_mul_bf16"]);
         for m in MODULES {
             assert_eq!(&m.cubin[..4], b"\x7fELF", "{}: cubin is an ELF image", m.name);
             assert!(m.ptx.contains(".version 9.0"), "{}: PTX ISA must stay 9.0", m.name);

@@ -148,7 +148,7 @@ fn a_missing_driver_or_device_is_an_error_not_a_panic() {
     // Without a driver (CI) any ordinal fails that way; with one (the device
     // machine) an ordinal past the last device does.
     let (ordinal, expected) = if driver_present() { (4096, "") } else { (0, "no CUDA driver") };
-    let err = Gpu::open(ordinal).err().expect("opening must fail");
+    let err = Gpu::open(ordinal).expect_err("opening must fail");
     assert!(err.to_string().contains(expected), "{err}");
 }
 
@@ -201,15 +201,25 @@ fn attend_reference(q: &[f32], kc: &[f32], vc: &[f32], table: &[i32], context: u
 #[test]
 #[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
 fn paged_decode_matches_the_cpu_across_partitions_gqa_and_windows() {
-    use spindle_kernels::device::DecodeShape;
+    use spindle_kernels::device::{DecodeKernel, DecodeShape};
     let g = gpu();
-    // (heads, kv_heads, head_dim, block_size, context lengths): one split, several, GQA and MHA, odd lengths.
-    let cases: [(usize, usize, usize, usize, &[usize]); 4] = [
+    // (heads, kv_heads, head_dim, block_size, context lengths): one split, several, GQA and MHA, odd lengths;
+    // groups of 7 (Qwen2.5-0.5B), 16 and a head_dim of 36 (the grouped kernel does not take the last two),
+    // head_dim 256 (one warp per row) and 8 (one lane per row). These small batches take the grouped
+    // kernel's finer splits (32 to 128 tokens; 128 for the 16 sequences of 513).
+    let cases: [(usize, usize, usize, usize, &[usize]); 10] = [
         (4, 4, 64, 16, &[1, 17]),
         (8, 2, 128, 16, &[300, 1, 255, 256, 257]),
         (6, 3, 80, 32, &[1000, 33]),
         (32, 8, 128, 16, &[4096]),
+        (14, 2, 64, 16, &[77, 513, 2]),
+        (16, 1, 64, 16, &[40, 300]),
+        (4, 2, 36, 16, &[50]),
+        (8, 1, 256, 16, &[700, 3]),
+        (2, 1, 8, 16, &[600]),
+        (32, 8, 128, 16, &[513; 16]),
     ];
+    let mut grouped_cases = 0;
     for (heads, kv_heads, head_dim, block_size, contexts) in cases {
         let seqs = contexts.len();
         let max_context = *contexts.iter().max().unwrap();
@@ -230,10 +240,16 @@ fn paged_decode_matches_the_cpu_across_partitions_gqa_and_windows() {
         // Windows of one token, inside one partition, across a partition's
         // edge (partitions wholly before the window are empty) and wider
         // than every context.
-        for window in [None, Some(1), Some(100), Some(300), Some(5000)] {
+        let kernels = if shape.fits_grouped() {
+            grouped_cases += 1;
+            vec![DecodeKernel::Auto, DecodeKernel::PerHead, DecodeKernel::Grouped]
+        } else {
+            vec![DecodeKernel::Auto, DecodeKernel::PerHead]
+        };
+        for (window, kernel) in [None, Some(1), Some(100), Some(300), Some(5000)].into_iter().flat_map(|w| kernels.iter().map(move |&k| (w, k))) {
             let mut out = poisoned(&g, seqs * heads * head_dim);
-            g.paged_decode(&mut out, &g.stream.clone_htod(&q).unwrap(), &g.stream.clone_htod(&kc).unwrap(), &g.stream.clone_htod(&vc).unwrap(),
-                           &g.stream.clone_htod(&tables).unwrap(), &g.stream.clone_htod(&lens).unwrap(), shape, scale, window).unwrap();
+            g.paged_decode(kernel, &mut out, &g.stream.clone_htod(&q).unwrap(), &g.stream.clone_htod(&kc).unwrap(), &g.stream.clone_htod(&vc).unwrap(),
+                                &g.stream.clone_htod(&tables).unwrap(), &g.stream.clone_htod(&lens).unwrap(), shape, scale, window).unwrap();
             let got = g.stream.clone_dtoh(&out).unwrap();
             let (qf, kf, vf) = (f32s(&q), f32s(&kc), f32s(&vc));
             let mut reference = Vec::with_capacity(got.len());
@@ -245,25 +261,29 @@ fn paged_decode_matches_the_cpu_across_partitions_gqa_and_windows() {
                 }
             }
             let err = rel_err(&got, &reference);
-            assert!(err < TOLERANCE, "{shape:?} window {window:?}: rel err {err}");
+            assert!(err < TOLERANCE, "{shape:?} window {window:?} {kernel:?}: rel err {err}");
         }
     }
+    assert_eq!(grouped_cases, 8, "the grouped kernel was not tried on every shape it takes");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
 fn paged_decode_rejects_shapes_it_does_not_take() {
-    use spindle_kernels::device::DecodeShape;
+    use spindle_kernels::device::{DecodeKernel, DecodeShape};
     let g = gpu();
     let one = g.stream.clone_htod(&[bf16::ZERO; 8]).unwrap();
     let ints = g.stream.clone_htod(&[0i32; 2]).unwrap();
     let mut out = poisoned(&g, 8);
     let shape = DecodeShape { seqs: 1, heads: 3, kv_heads: 2, head_dim: 8, block_size: 16, max_blocks: 1, max_context: 1 };
-    let err = g.paged_decode(&mut out, &one, &one, &one, &ints, &ints, shape, 1.0, None).unwrap_err();
+    let err = g.paged_decode(DecodeKernel::Auto, &mut out, &one, &one, &one, &ints, &ints, shape, 1.0, None).unwrap_err();
     assert!(err.to_string().contains("multiple of kv_heads"), "{err}");
     let fine = DecodeShape { heads: 2, ..shape };
-    let err = g.paged_decode(&mut out, &one, &one, &one, &ints, &ints, fine, 1.0, Some(0)).unwrap_err();
+    let err = g.paged_decode(DecodeKernel::Auto, &mut out, &one, &one, &one, &ints, &ints, fine, 1.0, Some(0)).unwrap_err();
     assert!(err.to_string().contains("window of 0"), "{err}");
+    let odd_width = DecodeShape { heads: 2, kv_heads: 2, head_dim: 4, ..shape };
+    let err = g.paged_decode(DecodeKernel::Grouped, &mut out, &one, &one, &one, &ints, &ints, odd_width, 1.0, None).unwrap_err();
+    assert!(err.to_string().contains("grouped decode kernel does not take"), "{err}");
 }
 
 #[test]
@@ -272,7 +292,12 @@ fn every_gemm_kernel_matches_the_cpu_for_odd_shapes_and_both_outputs() {
     use spindle_kernels::device::GemmKernel;
     let g = gpu();
     // Spindle: m ≤ 8 with k % 8 == 0 takes the skinny kernel, the rest tensor cores.
-    for (m, n, k) in [(1, 1, 1), (3, 65, 17), (64, 64, 64), (7, 576, 1536), (130, 49, 200), (1, 4099, 4096), (8, 100, 64), (9, 33, 8), (200, 300, 96)] {
+    // The skinny kernel's blocks take 1, 2, 4 or 8 rows of w by n (on 132
+    // multiprocessors: 100 and 576 one, 2000 two, 4099 four, 20000 eight),
+    // and k / 8 chunks that do not fill its unrolled loads (2056, 520).
+    let shapes = [(1, 1, 1), (3, 65, 17), (64, 64, 64), (7, 576, 1536), (130, 49, 200), (1, 4099, 4096), (8, 100, 64), (9, 33, 8), (200, 300, 96),
+                  (2, 2000, 1024), (4, 5000, 2056), (1, 20000, 520), (5, 1024, 4096)];
+    for (m, n, k) in shapes {
         let (x, w) = (random(m * k, 14, 1.0), random(n * k, 15, 1.0));
         let (dx, dw) = (g.stream.clone_htod(&x).unwrap(), g.stream.clone_htod(&w).unwrap());
         let (xf, wf) = (f32s(&x), f32s(&w));
@@ -285,18 +310,71 @@ fn every_gemm_kernel_matches_the_cpu_for_odd_shapes_and_both_outputs() {
         } else if m == 1 {
             println!("cuBLAS skipped: {}", g.gemm_backend());
         }
-        for kernel in kernels {
+        // Auto twice: with its default choice, and with the skinny kernel
+        // taking up to 8 rows.
+        let default_rows = g.gemv_rows();
+        for (kernel, gemv_rows) in kernels.into_iter().map(|k| (k, default_rows)).chain([(GemmKernel::Auto, 8)]) {
+            g.set_gemv_rows(gemv_rows);
             let mut y16 = poisoned(&g, m * n);
             g.gemm_with(kernel, &mut y16, &dx, &dw, m, n, k).unwrap();
             let err = rel_err(&g.stream.clone_dtoh(&y16).unwrap(), &reference);
-            assert!(err < TOLERANCE, "{kernel:?} {m}x{n}x{k} bf16 out: rel err {err}");
+            assert!(err < TOLERANCE, "{kernel:?} (skinny up to {gemv_rows} rows) {m}x{n}x{k} bf16 out: rel err {err}");
             let mut y32 = g.stream.clone_htod(&vec![f32::NAN; m * n]).unwrap();
             g.gemm_with(kernel, &mut y32, &dx, &dw, m, n, k).unwrap();
             let got: Vec<bf16> = g.stream.clone_dtoh(&y32).unwrap().into_iter().map(bf16::from_f32).collect();
             let err = rel_err(&got, &reference);
-            assert!(err < TOLERANCE, "{kernel:?} {m}x{n}x{k} f32 out: rel err {err}");
+            assert!(err < TOLERANCE, "{kernel:?} (skinny up to {gemv_rows} rows) {m}x{n}x{k} f32 out: rel err {err}");
+        }
+        g.set_gemv_rows(default_rows);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
+fn fused_skinny_gemms_match_the_cpu_and_refuse_what_they_do_not_take() {
+    let g = gpu();
+    // (m, k, rows of each job): q/k/v-like (a wide and two narrow), gate/up-like, one job, k with a tail.
+    let cases: [(usize, usize, &[usize]); 4] = [(1, 1024, &[1024, 256, 256]), (8, 512, &[3000, 3000]), (3, 64, &[7]), (5, 2056, &[100, 4099, 33])];
+    for (m, k, rows) in cases {
+        let x = random(m * k, 21, 1.0);
+        let dx = g.stream.clone_htod(&x).unwrap();
+        let ws: Vec<Vec<bf16>> = rows.iter().enumerate().map(|(j, &n)| random(n * k, 22 + j as u64, 1.0)).collect();
+        let dws: Vec<_> = ws.iter().map(|w| g.stream.clone_htod(w).unwrap()).collect();
+        let mut ys: Vec<_> = rows.iter().map(|&n| poisoned(&g, m * n)).collect();
+        let mut jobs: Vec<spindle_kernels::device::GemvJob<'_>> = dws.iter().zip(ys.iter_mut()).zip(rows).map(|((w, y), &n)| (w, y, n)).collect();
+        g.gemv_jobs(&dx, m, k, &mut jobs).unwrap();
+        let xf = f32s(&x);
+        for ((w, y), &n) in ws.iter().zip(&ys).zip(rows) {
+            let wf = f32s(w);
+            let reference: Vec<f32> = (0..m * n)
+                .map(|i| (0..k).map(|j| f64::from(xf[(i / n) * k + j]) * f64::from(wf[(i % n) * k + j])).sum::<f64>() as f32)
+                .collect();
+            let err = rel_err(&g.stream.clone_dtoh(y).unwrap(), &reference);
+            assert!(err < TOLERANCE, "{m}x{n}x{k} of jobs {rows:?}: rel err {err}");
         }
     }
+    let (w, x) = (g.stream.clone_htod(&random(4 * 12, 30, 1.0)).unwrap(), g.stream.clone_htod(&random(9 * 16, 31, 1.0)).unwrap());
+    let mut y = poisoned(&g, 9 * 4);
+    let err = g.gemv_jobs(&x, 1, 12, &mut [(&w, &mut y, 4)]).unwrap_err();
+    assert!(err.to_string().contains("multiple of 8"), "{err}");
+    let err = g.gemv_jobs(&x, 9, 16, &mut [(&w, &mut y, 2)]).unwrap_err();
+    assert!(err.to_string().contains("at most"), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; tools/gpu-check.sh runs it with --include-ignored"]
+fn host_reads_through_reused_staging_return_exactly_the_values_asked_for() {
+    let g = gpu();
+    let values: Vec<f32> = (0..3_000_000).map(|i| (i as f32 * 0.37).sin()).collect();
+    let src = g.stream.clone_htod(&values).unwrap();
+    // Growing (a new staging buffer), shrinking (the same one, longer than
+    // the copy), growing again, and nothing.
+    for n in [10, 300_000, 7, 3_000_000, 0] {
+        let got = g.read_host(&src, n, |host| host.to_vec()).unwrap();
+        assert_eq!(got, values[..n], "first {n} values");
+    }
+    let err = g.read_host(&src, 3_000_001, |host| host.len()).unwrap_err();
+    assert!(err.to_string().contains("holds 3000000 values"), "{err}");
 }
 
 #[test]

@@ -57,13 +57,43 @@ fn rel(got: &[f32], want: &[f32]) -> f32 {
     (d / n.max(1e-20)).sqrt()
 }
 
-/// Prefill `prompt`, then 32 greedy steps, on both backends.
-fn compare(path: &str, prompt: &[u32], label: &str) {
+/// Largest relative logits error the GPU (bf16 weights and activations)
+/// may show against the CPU backend in exact mode (f32).
+#[derive(Clone, Copy)]
+struct Tolerance {
+    /// Over all of the prefill's positions.
+    prefill: f32,
+    /// At any one decode step.
+    step: f32,
+}
+
+/// Tiny random models: measured 0.6–1.2e-2.
+const TINY: Tolerance = Tolerance { prefill: 2e-2, step: 2e-2 };
+
+/// A real model (SmolLM2-135M): emulating bf16 weights and activations in
+/// the numpy reference (`tools/reference/bf16_emulation.py`) on this test's
+/// prompt gives 3.2e-2 over all positions and up to 0.115 at one position
+/// (argmax equal at all 27); the GPU measured 3.0e-2 over all positions.
+const REAL: Tolerance = Tolerance { prefill: 5e-2, step: 0.12 };
+
+/// [`compare_with`] with the default choice of GEMM kernels, then with
+/// Spindle's skinny kernel for every linear layer of up to 8 rows.
+fn compare(path: &str, prompt: &[u32], label: &str, tolerance: Tolerance) {
+    compare_with(path, prompt, label, None, tolerance);
+    compare_with(path, prompt, &format!("{label} (skinny GEMM up to 8 rows)"), Some(8), tolerance);
+}
+
+/// Prefill `prompt`, then 32 greedy steps, on both backends (on the GPU
+/// with `gemv_rows` set, if given).
+fn compare_with(path: &str, prompt: &[u32], label: &str, gemv_rows: Option<usize>, tolerance: Tolerance) {
     let gpu = spindle_engine::open::open_decoder(path, |c| CudaBackend::open(0, c, CudaSwitches::default()), KvSize::Blocks(BLOCKS), BLOCK_SIZE);
     let mut gpu = match gpu {
         Ok((m, _)) => m,
         Err(e) => panic!("{label}: loading on the GPU failed: {e}"),
     };
+    if let Some(rows) = gemv_rows {
+        gpu.backend_mut().set_gemv_rows(rows);
+    }
     let cpu_model = load_model(path, &mut |_, _| {}).expect("cpu model");
     let mut cpu = ModelRunner::new(cpu_model.model, BLOCKS, BLOCK_SIZE);
     // Quantized weights in f32 on the CPU, as the GPU expands them (to bf16).
@@ -76,7 +106,7 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     let gpu_out = gpu.forward(&first).expect("gpu prefill");
     let err = rel(&gpu_out[0], &cpu_out.seqs[0].logits);
     println!("{label}: prefill of {} tokens, logits rel err {err:.2e}", prompt.len());
-    assert!(err < 2e-2, "{label}: prefill logits differ: rel err {err}");
+    assert!(err < tolerance.prefill, "{label}: prefill logits differ: rel err {err}");
     let vocab = gpu.config().vocab_size;
     let mut next = argmax(&cpu_out.seqs[0].logits[(prompt.len() - 1) * vocab..]).0 as u32;
     let mut pos = prompt.len();
@@ -86,7 +116,7 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
         let c = cpu.execute(&b).expect("cpu step").seqs.remove(0).logits;
         let g = gpu.forward(&b).expect("gpu step").remove(0);
         let err = rel(&g, &c);
-        assert!(err < 2e-2, "{label}: step {step}: rel err {err}");
+        assert!(err < tolerance.step, "{label}: step {step}: rel err {err}");
         let max_abs = g.iter().zip(&c).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         let (cpu_tok, gap) = argmax(&c);
         if gap <= 2.0 * max_abs {
@@ -101,7 +131,7 @@ fn compare(path: &str, prompt: &[u32], label: &str) {
     println!("{label}: greedy tokens agree at {agreed} of 32 steps ({ties} near ties not compared)");
     assert!(agreed >= 16, "{label}: too many near ties to say anything");
     sampled_on_device(&mut gpu, next, pos, &table, label);
-    mixed_batch(&mut cpu, &mut gpu, prompt, label);
+    mixed_batch(&mut cpu, &mut gpu, prompt, label, tolerance);
     graphs_match_eager(&mut gpu, prompt, label);
     device_and_host_sampling_agree(&mut gpu, prompt, label);
     grammar_on_device_matches_the_host(&mut gpu, path, prompt, label);
@@ -290,7 +320,7 @@ fn sampled_on_device(gpu: &mut CudaModel, token: u32, pos: usize, table: &[u32],
 
 /// One sequence's chunked prefill (second chunk, all logits) next to
 /// another's decode step, in one batch.
-fn mixed_batch(cpu: &mut ModelRunner, gpu: &mut CudaModel, prompt: &[u32], label: &str) {
+fn mixed_batch(cpu: &mut ModelRunner, gpu: &mut CudaModel, prompt: &[u32], label: &str, tolerance: Tolerance) {
     let mut alloc = BlockAllocator::new(BLOCKS);
     let (mut ta, mut tb) = (Vec::new(), Vec::new());
     let a = &prompt[..40.min(prompt.len())];
@@ -312,7 +342,9 @@ fn mixed_batch(cpu: &mut ModelRunner, gpu: &mut CudaModel, prompt: &[u32], label
     for (i, (gs, cs)) in g.iter().zip(&c.seqs).enumerate() {
         assert_eq!(gs.len(), cs.logits.len(), "{label}: mixed batch sequence {i}: logits rows");
         let err = rel(gs, &cs.logits);
-        assert!(err < 2e-2, "{label}: mixed batch sequence {i}: rel err {err}");
+        // Sequence 0 brings all 20 rows of its chunk, sequence 1 one step's.
+        let bound = if i == 0 { tolerance.prefill } else { tolerance.step };
+        assert!(err < bound, "{label}: mixed batch sequence {i}: rel err {err}");
     }
     println!("{label}: mixed prefill + decode batch agrees");
 }
@@ -346,7 +378,7 @@ fn tiny_models_match_the_cpu_backend() {
     for (name, opts) in [("tiny-llama", llama), ("tiny-qwen3", qwen3), ("tiny-qwen2", qwen2), ("tiny-gemma3", gemma3)] {
         let dir = tmp.path().join(name);
         write_tiny_model(&opts, &dir).unwrap();
-        compare(dir.to_str().unwrap(), &prompt, name);
+        compare(dir.to_str().unwrap(), &prompt, name, TINY);
     }
 }
 
@@ -356,5 +388,5 @@ fn smollm2_matches_the_cpu_backend() {
     require_gpu();
     let path = spindle_testenv::smollm2_gguf().to_string_lossy().into_owned();
     let prompt: Vec<u32> = vec![1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198];
-    compare(&path, &prompt, "smollm2-135m");
+    compare(&path, &prompt, "smollm2-135m", REAL);
 }

@@ -1,9 +1,9 @@
 //! Whole-model throughput of the CUDA backend with Llama-3.1-8B's shapes and
 //! random bf16 weights (made on the host, nothing read from disk):
-//! `gpu-model-bench [--layers N]` (feature `cuda`; `tools/gpu-check.sh run`
+//! `gpu-model-bench [--layers N] [--profile-batch B]` (feature `cuda`; `tools/gpu-check.sh run`
 //! runs the prebuilt binary). Prints one line per measurement:
 //!
-//! - decode: one step for B sequences at position 512 each (their cache
+//! - decode: one step for B sequences at position 512 each (and at 4096) (their cache
 //!   blocks hold zeros: with random weights the cost does not depend on the
 //!   cache's contents), for B in 1, 8, 32, 64, 128, 256; tokens/s = B / step
 //!   time, median of 10 steps. Every sequence is greedy-sampled, three ways:
@@ -60,7 +60,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let args: Vec<String> = std::env::args().collect();
-    let layers = args.iter().position(|a| a == "--layers").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(32);
+    let layers = flag(&args, "--layers").unwrap_or(32);
     let config = llama_8b(layers);
     let started = Instant::now();
     let backend = CudaBackend::open(0, &config, CudaSwitches::default())?;
@@ -74,9 +74,36 @@ fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64(),
         model.backend().gemm_backend()
     );
+    if let Some(batch) = flag(&args, "--profile-batch") {
+        return profile_steps(&mut model, batch);
+    }
     decode(&mut model)?;
     for tokens in [512, 4096] {
         prefill(&mut model, tokens)?;
+    }
+    Ok(())
+}
+
+/// The number after `name` on the command line, if any.
+fn flag(args: &[String], name: &str) -> Option<usize> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
+}
+
+/// `--profile-batch B`: three decode steps of B sequences at position 512,
+/// without CUDA graphs (so a profiler such as `ncu` sees each kernel), then
+/// exit.
+fn profile_steps(model: &mut CudaModel, batch: usize) -> anyhow::Result<()> {
+    model.backend_mut().set_cuda_graphs(false);
+    model.set_device_sampling(true);
+    let tables = tables(batch, 512 + 16);
+    for step in 0..3 {
+        let seqs = tables
+            .iter()
+            .map(|t| SeqInput { id: 0, tokens: vec![2], start_pos: 512 + step, block_table: t.clone().into(), logits: LogitsRequest::None, sampling: greedy() })
+            .collect();
+        let start = Instant::now();
+        model.forward_step(&ForwardBatch { seqs })?;
+        println!("profile step {step}, batch {batch}: {:.2} ms", start.elapsed().as_secs_f64() * 1e3);
     }
     Ok(())
 }
@@ -100,23 +127,42 @@ fn decode(model: &mut CudaModel) -> anyhow::Result<()> {
     }
     model.backend_mut().set_cuda_graphs(true);
     model.set_device_sampling(true);
+    // Small batches with Spindle's skinny kernel instead of cuBLAS for the
+    // linear layers of up to 1 and up to 8 rows.
+    let default_rows = model.backend().gemv_rows();
+    for rows in [1, 8] {
+        model.backend_mut().set_gemv_rows(rows);
+        println!("decode, CUDA graphs, sampled on the GPU, Spindle's skinny GEMM up to {rows} rows:");
+        decode_batches_of(model, &[1, 2, 4, 8])?;
+    }
+    model.backend_mut().set_gemv_rows(default_rows);
+    println!("decode at position 4096, CUDA graphs, sampled on the GPU:");
+    decode_batches_at(model, &[1, 8, 32, 64], 4096)?;
     Ok(())
 }
 
 fn decode_batches(model: &mut CudaModel) -> anyhow::Result<()> {
-    const CONTEXT: usize = 512;
+    decode_batches_of(model, &[1, 8, 32, 64, 128, 256])
+}
+
+fn decode_batches_of(model: &mut CudaModel, batches: &[usize]) -> anyhow::Result<()> {
+    decode_batches_at(model, batches, 512)
+}
+
+/// Decode steps of each batch size at position `context` (then the next 11).
+fn decode_batches_at(model: &mut CudaModel, batches: &[usize], context: usize) -> anyhow::Result<()> {
     let weight_bytes = model.streamed_weight_bytes() as f64;
-    for batch in [1usize, 8, 32, 64, 128, 256] {
-        if batch * (CONTEXT + 16).div_ceil(BLOCK_SIZE) > model.kv_geometry().num_blocks {
+    for &batch in batches {
+        if batch * (context + 16).div_ceil(BLOCK_SIZE) > model.kv_geometry().num_blocks {
             println!("decode batch {batch}: skipped, the KV cache is too small");
             continue;
         }
-        let tables = tables(batch, CONTEXT + 16);
+        let tables = tables(batch, context + 16);
         let mut times = Vec::new();
         for step in 0..12 {
             let seqs = tables
                 .iter()
-                .map(|t| SeqInput { id: 0, tokens: vec![2], start_pos: CONTEXT + step, block_table: t.clone().into(), logits: LogitsRequest::None, sampling: greedy() })
+                .map(|t| SeqInput { id: 0, tokens: vec![2], start_pos: context + step, block_table: t.clone().into(), logits: LogitsRequest::None, sampling: greedy() })
                 .collect();
             let start = Instant::now();
             model.forward_step(&ForwardBatch { seqs })?;

@@ -136,31 +136,52 @@ struct RandomTensors {
     tied: bool,
 }
 
+/// Values per independently seeded stretch of random weights (filled in
+/// parallel).
+const RANDOM_CHUNK: usize = 1 << 20;
+
 impl RandomTensors {
-    fn next(&self) -> f32 {
+    /// A fresh seed per tensor (xorshift64 over the state).
+    fn next_seed(&self) -> u64 {
         let mut x = self.state.get();
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         self.state.set(x);
-        (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        x
     }
+}
+
+/// Uniform values in [-scale, scale) as little-endian f32 bytes: one
+/// xorshift64 stream per chunk of [`RANDOM_CHUNK`] values, seeded from
+/// `seed` and the chunk's index, so the result does not depend on threads.
+fn random_f32_bytes(n: usize, seed: u64, scale: f32) -> Vec<u8> {
+    use rayon::prelude::*;
+    let mut bytes = vec![0u8; n * 4];
+    bytes.par_chunks_mut(RANDOM_CHUNK * 4).enumerate().for_each(|(i, chunk)| {
+        let mut x = (seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1;
+        for value in chunk.chunks_exact_mut(4) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale;
+            value.copy_from_slice(&v.to_le_bytes());
+        }
+    });
+    bytes
 }
 
 impl Tensors for RandomTensors {
     fn with(&self, name: &str, shape: &[usize], f: &mut dyn FnMut(&TensorView<'_>) -> Result<()>) -> Result<()> {
         let n: usize = shape.iter().product();
-        let values: Vec<f32> = match shape {
-            _ if name.ends_with("bias") => vec![0.0; n],
-            [_] => vec![1.0; n],
-            _ if name.starts_with("token_embd") => (0..n).map(|_| self.next()).collect(),
-            [_, cols] => {
-                let scale = 1.0 / (*cols as f32).sqrt();
-                (0..n).map(|_| self.next() * scale).collect()
-            }
+        let constant = |v: f32| -> Vec<u8> { v.to_le_bytes().repeat(n) };
+        let bytes = match shape {
+            _ if name.ends_with("bias") => constant(0.0),
+            [_] => constant(1.0),
+            _ if name.starts_with("token_embd") => random_f32_bytes(n, self.next_seed(), 1.0),
+            [_, cols] => random_f32_bytes(n, self.next_seed(), 1.0 / (*cols as f32).sqrt()),
             _ => return Err(EngineError::InvalidConfig(format!("{name}: no random weights of shape {shape:?}"))),
         };
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         f(&TensorView { name: name.to_string(), dtype: GgmlType::F32, shape: shape.to_vec(), data: &bytes, shared: None })
     }
 
@@ -393,5 +414,28 @@ impl LlamaModel {
     /// The weights and the precision chosen.
     pub fn into_parts(self) -> (LlamaWeights<CpuBackend>, MatmulPrecision) {
         (self.weights, self.precision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::random_f32_bytes;
+
+    fn floats(bytes: &[u8]) -> Vec<f32> {
+        bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+
+    #[test]
+    fn random_weights_are_bounded_varied_and_reproducible() {
+        let n = super::RANDOM_CHUNK * 2 + 5;
+        let a = floats(&random_f32_bytes(n, 7, 0.5));
+        assert_eq!(a.len(), n);
+        assert!(a.iter().all(|v| (-0.5..0.5).contains(v)), "a value outside [-0.5, 0.5)");
+        let mean = a.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+        assert!(mean.abs() < 0.01, "mean {mean}");
+        // Chunks are seeded apart: the second chunk does not repeat the first.
+        assert_ne!(a[..16], a[super::RANDOM_CHUNK..super::RANDOM_CHUNK + 16]);
+        assert_eq!(a, floats(&random_f32_bytes(n, 7, 0.5)));
+        assert_ne!(a[..16], floats(&random_f32_bytes(16, 8, 0.5))[..]);
     }
 }

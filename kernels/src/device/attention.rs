@@ -6,7 +6,8 @@ use super::{int, need, CudaError, Gpu};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-/// Context tokens one decode block handles (`PARTITION` in attention.cu).
+/// Context tokens one decode block handles at most (`PARTITION` in
+/// attention.cu): the per-head kernel's split.
 pub const DECODE_PARTITION: usize = 256;
 /// Widest head the decode kernel takes (`MAX_HEAD_DIM` in attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -16,6 +17,31 @@ const DECODE_THREADS: u32 = 128;
 const SCRATCH_BYTES: usize = 256 << 20;
 /// gridDim.y limit.
 const MAX_GRID_Y: usize = 65_535;
+/// The grouped kernel's narrowest context split.
+const MIN_PARTITION: usize = 32;
+/// Blocks a grouped launch aims for (about four per multiprocessor of an
+/// H200): below it the context is split finer.
+const TARGET_BLOCKS: usize = 512;
+
+/// Query heads per KV head the grouped decode kernel takes (`MAX_GROUP` in
+/// attention.cu).
+pub const MAX_DECODE_GROUP: usize = 8;
+
+/// Which decode attention kernel a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// [`Self::Grouped`] where the shape allows it, else [`Self::PerHead`].
+    Auto,
+    /// One block per query head and context split of [`DECODE_PARTITION`];
+    /// takes every shape the call takes.
+    PerHead,
+    /// One block per KV head for all its query heads, so each cached row is
+    /// read once per group, in 16-byte loads (4 tokens ahead per lane), the
+    /// context split finer when the batch is small
+    /// ([`DecodeShape::grouped_partition`]): `head_dim` a multiple of 8 and
+    /// at most [`MAX_DECODE_GROUP`] query heads per KV head.
+    Grouped,
+}
 
 /// Split-K partials of decode attention, reusable across calls of a shape
 /// that fits them (see [`Gpu::decode_scratch`]).
@@ -48,9 +74,26 @@ pub struct DecodeShape {
 }
 
 impl DecodeShape {
-    /// Context splits of [`DECODE_PARTITION`] tokens for the longest sequence.
+    /// Context splits of [`DECODE_PARTITION`] tokens (the per-head kernel's)
+    /// for the longest sequence.
     pub fn partitions(&self) -> usize {
-        self.max_context.div_ceil(DECODE_PARTITION).max(1)
+        self.partitions_of(DECODE_PARTITION)
+    }
+
+    /// The grouped kernel's context split: [`DECODE_PARTITION`] halved (down
+    /// to 32 tokens) while its grid would have fewer than 512 blocks, so a
+    /// few sequences still spread over the GPU.
+    pub fn grouped_partition(&self) -> usize {
+        let seqs = self.seqs.clamp(1, MAX_GRID_Y);
+        let mut partition = DECODE_PARTITION;
+        while partition > MIN_PARTITION && self.kv_heads * seqs * self.partitions_of(partition) < TARGET_BLOCKS {
+            partition /= 2;
+        }
+        partition
+    }
+
+    fn partitions_of(&self, partition: usize) -> usize {
+        self.max_context.div_ceil(partition).max(1)
     }
 
     fn check(&self) -> Result<(), CudaError> {
@@ -67,21 +110,33 @@ impl DecodeShape {
         Ok(())
     }
 
-    /// Split-K partials a call of this shape needs (0 when the context fits
-    /// one partition): what [`DecodeScratch`] must hold.
+    /// Whether [`DecodeKernel::Grouped`] takes this shape.
+    pub fn fits_grouped(&self) -> bool {
+        self.head_dim.is_multiple_of(8) && self.kv_heads > 0 && self.heads / self.kv_heads <= MAX_DECODE_GROUP
+    }
+
+    /// Split-K partials a call of this shape needs on either kernel (0 when
+    /// the context fits one partition): what [`DecodeScratch`] must hold.
     pub fn scratch_partials(&self) -> usize {
-        if self.partitions() > 1 {
-            self.chunk() * self.heads * self.partitions()
+        self.partials_of(DECODE_PARTITION).max(self.partials_of(self.grouped_partition()))
+    }
+
+    fn partials_of(&self, partition: usize) -> usize {
+        let parts = self.partitions_of(partition);
+        if parts > 1 {
+            self.chunk_of(partition) * self.heads * parts
         } else {
             0
         }
     }
 
-    /// Sequences per launch: within the grid's y limit and, when the context
-    /// is split, within [`SCRATCH_BYTES`] of partials.
-    fn chunk(&self) -> usize {
-        let per_seq = self.heads * self.partitions() * (self.head_dim + 2) * 4;
-        let by_scratch = if self.partitions() > 1 { (SCRATCH_BYTES / per_seq.max(1)).max(1) } else { usize::MAX };
+    /// Sequences per launch with splits of `partition` tokens: within the
+    /// grid's y limit and, when the context is split, within
+    /// [`SCRATCH_BYTES`] of partials.
+    fn chunk_of(&self, partition: usize) -> usize {
+        let parts = self.partitions_of(partition);
+        let per_seq = self.heads * parts * (self.head_dim + 2) * 4;
+        let by_scratch = if parts > 1 { (SCRATCH_BYTES / per_seq.max(1)).max(1) } else { usize::MAX };
         self.seqs.min(MAX_GRID_Y).min(by_scratch).max(1)
     }
 }
@@ -156,6 +211,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode(
         &self,
+        kernel: DecodeKernel,
         out: &mut CudaSlice<bf16>,
         q: &CudaSlice<bf16>,
         k_cache: &CudaSlice<bf16>,
@@ -172,7 +228,7 @@ impl Gpu {
         }
         shape.check()?;
         let scratch = self.decode_scratch(&shape)?;
-        self.paged_decode_in(out, q, k_cache, v_cache, block_tables, context_lens, shape, scale, window, scratch.as_ref())
+        self.paged_decode_in(kernel, out, q, k_cache, v_cache, block_tables, context_lens, shape, scale, window, scratch.as_ref())
     }
 
     /// Decode attention: `out[s, h] = softmax(scale · q[s, h] · K_s) · V_s`
@@ -183,9 +239,12 @@ impl Gpu {
     /// are attended.
     /// Allocates nothing (it can be captured into a CUDA graph): a split
     /// context needs `scratch` from [`Self::decode_scratch`] for this shape.
+    /// `kernel` picks the kernel ([`DecodeKernel::Auto`] as the engine does;
+    /// [`DecodeKernel::Grouped`] on a shape it does not take is an error).
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode_in(
         &self,
+        kernel: DecodeKernel,
         out: &mut CudaSlice<bf16>,
         q: &CudaSlice<bf16>,
         k_cache: &CudaSlice<bf16>,
@@ -198,7 +257,15 @@ impl Gpu {
         scratch: Option<&DecodeScratch>,
     ) -> Result<(), CudaError> {
         let window32 = window_arg(window)?;
-        let decode = self.function("paged_decode_bf16")?;
+        let kernel = match kernel {
+            DecodeKernel::Auto if shape.fits_grouped() => DecodeKernel::Grouped,
+            DecodeKernel::Auto => DecodeKernel::PerHead,
+            DecodeKernel::Grouped if !shape.fits_grouped() => return Err(CudaError::Shape(format!("the grouped decode kernel does not take {shape:?}"))),
+            chosen => chosen,
+        };
+        let grouped = kernel == DecodeKernel::Grouped;
+        let (name, partition) = if grouped { ("paged_decode_gqa_bf16", shape.grouped_partition()) } else { ("paged_decode_bf16", DECODE_PARTITION) };
+        let decode = self.function(name)?;
         let reduce = self.function("decode_reduce_bf16")?;
         if shape.seqs == 0 || shape.heads == 0 {
             return Ok(());
@@ -210,10 +277,10 @@ impl Gpu {
         need(block_tables, shape.seqs * shape.max_blocks, "block_tables")?;
         need(context_lens, shape.seqs, "context_lens")?;
         need(v_cache, k_cache.len(), "v_cache")?;
-        let parts = shape.partitions();
-        let chunk = shape.chunk();
+        let parts = shape.partitions_of(partition);
+        let chunk = shape.chunk_of(partition);
         let (max_blocks, heads, kv_heads) = (int(shape.max_blocks)?, int(shape.heads)?, int(shape.kv_heads)?);
-        let (head_dim, block_size, parts32) = (int(shape.head_dim)?, int(shape.block_size)?, int(parts)?);
+        let (head_dim, block_size, parts32, partition32) = (int(shape.head_dim)?, int(shape.block_size)?, int(parts)?, int(partition)?);
         let work = match scratch {
             Some(w) if parts > 1 => {
                 if w.partials < chunk * shape.heads * parts || w.head_dim < shape.head_dim {
@@ -228,7 +295,8 @@ impl Gpu {
         for base in (0..shape.seqs).step_by(chunk) {
             let n = chunk.min(shape.seqs - base) as u32;
             let base32 = int(base)?;
-            let cfg = LaunchConfig { grid_dim: (heads as u32, n, parts32 as u32), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
+            let blocks_x = if grouped { kv_heads } else { heads } as u32;
+            let cfg = LaunchConfig { grid_dim: (blocks_x, n, parts32 as u32), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
             let mut launch = self.stream.launch_builder(decode);
             launch.arg(&mut *out);
             match &work {
@@ -237,6 +305,9 @@ impl Gpu {
             };
             launch.arg(q).arg(k_cache).arg(v_cache).arg(block_tables).arg(context_lens);
             launch.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&head_dim).arg(&block_size).arg(&scale).arg(&base32).arg(&window32);
+            if grouped {
+                launch.arg(&partition32);
+            }
             // SAFETY: the arguments match the kernel; the lengths were checked
             // above, the tables hold valid block ids and the context lengths
             // are at most max_context (the caller's contract), and the
@@ -245,11 +316,45 @@ impl Gpu {
             if let Some((o, m, s)) = &work {
                 let cfg = LaunchConfig { grid_dim: (heads as u32, n, 1), block_dim: (super::row_block(shape.head_dim), 1, 1), shared_mem_bytes: 0 };
                 let mut launch = self.stream.launch_builder(reduce);
-                launch.arg(&mut *out).arg(*o).arg(*m).arg(*s).arg(context_lens).arg(&heads).arg(&head_dim).arg(&parts32).arg(&base32);
+                launch.arg(&mut *out).arg(*o).arg(*m).arg(*s).arg(context_lens).arg(&heads).arg(&head_dim).arg(&parts32).arg(&base32).arg(&partition32);
                 // SAFETY: as above; the reduction reads what this chunk's decode wrote.
                 unsafe { launch.launch(cfg) }?;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DecodeShape, DECODE_PARTITION};
+
+    fn shape(seqs: usize, kv_heads: usize, max_context: usize) -> DecodeShape {
+        DecodeShape { seqs, heads: kv_heads * 4, kv_heads, head_dim: 128, block_size: 16, max_blocks: max_context.div_ceil(16), max_context }
+    }
+
+    #[test]
+    fn few_sequences_split_the_context_finer_for_the_grouped_kernel() {
+        // Batch 1 of an 8B model at 512 tokens: 8 kv heads x 2 splits of 256
+        // would be 16 blocks; splits of 32 give 128.
+        assert_eq!(shape(1, 8, 512).grouped_partition(), 32);
+        // 64 sequences fill the GPU with whole splits.
+        assert_eq!(shape(64, 8, 512).grouped_partition(), DECODE_PARTITION);
+        // Long contexts need no finer split: 8 x 128 splits = 1024 blocks.
+        assert_eq!(shape(1, 8, 32_768).grouped_partition(), DECODE_PARTITION);
+        // In between: 8 x 16 blocks at 256 (128), 8 x 64 at 64 (512).
+        assert_eq!(shape(1, 8, 4096).grouped_partition(), 64);
+    }
+
+    #[test]
+    fn scratch_covers_both_kernels_splits() {
+        for s in [shape(1, 8, 512), shape(3, 2, 300), shape(64, 8, 4096), shape(1, 1, 20)] {
+            let grouped = s.partials_of(s.grouped_partition());
+            let per_head = s.partials_of(DECODE_PARTITION);
+            assert!(s.scratch_partials() >= grouped.max(per_head), "{s:?}");
+        }
+        // One split needs no scratch at all.
+        assert_eq!(shape(1, 8, 20).partials_of(256), 0);
+        assert_eq!(shape(1, 8, 20).scratch_partials(), 0);
     }
 }

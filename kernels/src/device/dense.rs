@@ -2,13 +2,36 @@
 //! RoPE from host-computed tables (`cuda/elementwise.cu`).
 
 use super::{int, need, row_block, CudaError, Gpu};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 const TILE: usize = 64;
 
 /// Rows up to which the skinny (decode) kernel is used.
-const GEMV_MAX_M: usize = 8;
+pub const GEMV_MAX_M: usize = 8;
+/// Linear layers one [`Gpu::gemv_jobs`] launch takes (`GEMV_MAX_JOBS` in gemm.cu).
+pub const GEMV_MAX_JOBS: usize = 3;
+
+/// One linear layer of a [`Gpu::gemv_jobs`] launch: `y = x · wᵀ`, `w` of
+/// `n` rows.
+pub type GemvJob<'a> = (&'a CudaSlice<bf16>, &'a mut CudaSlice<bf16>, usize);
+
+/// `GemvJobs` of gemm.cu, passed by value: device pointers, rows, the
+/// blocks each job owns.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GemvJobs {
+    y: [u64; GEMV_MAX_JOBS],
+    w: [u64; GEMV_MAX_JOBS],
+    n: [i32; GEMV_MAX_JOBS],
+    rows_per_block: [i32; GEMV_MAX_JOBS],
+    first_block: [i32; GEMV_MAX_JOBS + 1],
+    jobs: i32,
+}
+
+// SAFETY: plain C data (integers and device addresses), laid out as the
+// kernel's struct.
+unsafe impl DeviceRepr for GemvJobs {}
 
 /// Output element types of [`Gpu::gemm`].
 pub trait GemmOut: DeviceRepr + cudarc::driver::ValidAsZeroBits {
@@ -72,6 +95,7 @@ impl Gpu {
         need(x, m * k, "x")?;
         need(w, n * k, "w")?;
         let kernel = match kernel {
+            GemmKernel::Auto if m <= self.gemv_rows() && m <= GEMV_MAX_M && k.is_multiple_of(8) => GemmKernel::Spindle,
             GemmKernel::Auto if self.blas.loaded() => GemmKernel::Cublas,
             GemmKernel::Auto => GemmKernel::Spindle,
             other => other,
@@ -82,9 +106,11 @@ impl Gpu {
         let (m32, n32, k32) = (int(m)?, int(n)?, int(k)?);
         if kernel == GemmKernel::Spindle && m <= GEMV_MAX_M && k > 0 && k.is_multiple_of(8) {
             let f = self.function(T::GEMV)?;
-            let cfg = LaunchConfig { grid_dim: (int(n.div_ceil(8))? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let rows_per_block = gemv_rows_per_block(n, self.multiprocessors());
+            let cfg = LaunchConfig { grid_dim: (int(n.div_ceil(rows_per_block))? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let rpb32 = int(rows_per_block)?;
             let mut launch = self.stream.launch_builder(f);
-            launch.arg(y).arg(x).arg(w).arg(&m32).arg(&n32).arg(&k32);
+            launch.arg(y).arg(x).arg(w).arg(&m32).arg(&n32).arg(&k32).arg(&rpb32);
             // SAFETY: as below; whole allocations are 256-byte aligned and rows
             // of k (a multiple of 8) bf16 keep the 16-byte loads aligned.
             unsafe { launch.launch(cfg) }?;
@@ -106,6 +132,65 @@ impl Gpu {
         Ok(())
     }
 
+    /// Several linear layers that read the same `x` (`[m, k]`, m at most
+    /// [`GEMV_MAX_M`], k a multiple of 8), as one launch of the skinny
+    /// kernel: q, k and v, or gate and up, of a decode step.
+    pub fn gemv_jobs(&self, x: &CudaSlice<bf16>, m: usize, k: usize, jobs: &mut [GemvJob<'_>]) -> Result<(), CudaError> {
+        if jobs.is_empty() || m == 0 {
+            return Ok(());
+        }
+        if jobs.len() > GEMV_MAX_JOBS || m > GEMV_MAX_M || k == 0 || !k.is_multiple_of(8) {
+            return Err(CudaError::Shape(format!("{} skinny jobs of {m} rows and k {k} (at most {GEMV_MAX_JOBS} jobs, {GEMV_MAX_M} rows, k a multiple of 8)", jobs.len())));
+        }
+        need(x, m * k, "x")?;
+        let count = jobs.len();
+        let mut desc = GemvJobs { jobs: int(count)?, ..GemvJobs::default() };
+        let mut blocks = 0;
+        let mut guards = Vec::with_capacity(2 * jobs.len());
+        for (j, (w, y, n)) in jobs.iter_mut().enumerate() {
+            need(w, *n * k, "w")?;
+            need(y, m * *n, "y")?;
+            let rows_per_block = gemv_rows_per_block(*n, self.multiprocessors());
+            desc.n[j] = int(*n)?;
+            desc.rows_per_block[j] = int(rows_per_block)?;
+            desc.first_block[j] = int(blocks)?;
+            blocks += n.div_ceil(rows_per_block);
+            let (wp, w_sync) = w.device_ptr(&self.stream);
+            let (yp, y_sync) = y.device_ptr_mut(&self.stream);
+            desc.w[j] = wp;
+            desc.y[j] = yp;
+            guards.push(w_sync);
+            guards.push(y_sync);
+        }
+        desc.first_block[count] = int(blocks)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        let (m32, k32) = (int(m)?, int(k)?);
+        let f = self.function("gemv_jobs_bf16")?;
+        let cfg = LaunchConfig { grid_dim: (int(blocks)? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.stream.launch_builder(f);
+        launch.arg(&desc).arg(x).arg(&m32).arg(&k32);
+        // SAFETY: every w holds n * k values and every y m * n (checked
+        // above), x m * k; whole allocations are 256-byte aligned and rows of
+        // k (a multiple of 8) keep the 16-byte loads aligned; the pointers
+        // stay valid while the borrows (and their guards) live.
+        unsafe { launch.launch(cfg) }?;
+        drop(guards);
+        Ok(())
+    }
+
+    /// Rows of x up to which [`GemmKernel::Auto`] runs Spindle's skinny
+    /// kernel even with cuBLAS loaded (0: cuBLAS for every shape it takes).
+    pub fn gemv_rows(&self) -> usize {
+        self.gemv_rows.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Self::gemv_rows`] (at most 8 take effect).
+    pub fn set_gemv_rows(&self, rows: usize) {
+        self.gemv_rows.store(rows, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// RoPE in place on `x` = [tokens, heads, head_dim] with `cos`/`sin` =
     /// [tokens, head_dim / 2]; `interleaved` pairs (2i, 2i+1), else halves.
     #[allow(clippy::too_many_arguments)]
@@ -124,5 +209,32 @@ impl Gpu {
         // SAFETY: x holds tokens * heads * head_dim values, cos/sin tokens * head_dim / 2.
         unsafe { launch.launch(cfg) }?;
         Ok(())
+    }
+}
+
+/// Rows of w one block of the skinny kernel takes (8, 4, 2 or 1): fewer
+/// when `n` is small, so there are at least four blocks per multiprocessor
+/// (each row's k then splits over more warps).
+fn gemv_rows_per_block(n: usize, multiprocessors: usize) -> usize {
+    let mut rows = 8;
+    while rows > 1 && n.div_ceil(rows) < 4 * multiprocessors {
+        rows /= 2;
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gemv_rows_per_block;
+
+    #[test]
+    fn narrow_layers_split_rows_over_more_warps() {
+        // An H200 has 132 multiprocessors.
+        assert_eq!(gemv_rows_per_block(128_256, 132), 8);
+        assert_eq!(gemv_rows_per_block(14_336, 132), 8);
+        assert_eq!(gemv_rows_per_block(4096, 132), 4);
+        assert_eq!(gemv_rows_per_block(1024, 132), 1);
+        assert_eq!(gemv_rows_per_block(1, 132), 1);
+        assert_eq!(gemv_rows_per_block(4096, 1), 8);
     }
 }

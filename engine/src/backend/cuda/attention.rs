@@ -11,7 +11,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use spindle_kernels::device::{DecodeScratch, DecodeShape, Gpu, PrefillShape};
+use spindle_kernels::device::{DecodeKernel, DecodeScratch, DecodeShape, Gpu, PrefillShape};
 use std::borrow::Cow;
 
 /// How a step attends: eager launches with their own index arrays, or a
@@ -54,13 +54,13 @@ impl StepAttention {
         match self {
             Self::Eager(a) => {
                 if let Some(d) = &a.decode {
-                    g.paged_decode(out, q, k, v, &d.tables, &d.context, d.shape, a.scale, window)?;
+                    g.paged_decode(DecodeKernel::Auto, out, q, k, v, &d.tables, &d.context, d.shape, a.scale, window)?;
                 }
                 if let Some(f) = &a.prefill {
                     g.paged_prefill(out, q, k, v, &f.tables, &f.q_starts, &f.start_pos, f.shape, a.scale, window)?;
                 }
             }
-            Self::Graph(a) => g.paged_decode_in(out, q, k, v, &a.tables, &a.context, a.shape, a.scale, window, a.scratch.as_ref())?,
+            Self::Graph(a) => g.paged_decode_in(DecodeKernel::Auto, out, q, k, v, &a.tables, &a.context, a.shape, a.scale, window, a.scratch.as_ref())?,
         }
         Ok(())
     }

@@ -28,7 +28,7 @@ use crate::weights::TensorView;
 use attention::StepAttention;
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use spindle_kernels::device::{CudaError, Gpu};
+use spindle_kernels::device::{CudaError, GemvJob, Gpu, GEMV_MAX_JOBS, GEMV_MAX_M};
 
 pub use spindle_kernels::device::driver_present;
 
@@ -165,6 +165,30 @@ impl CudaBackend {
         self.graphs.set_enabled(on);
     }
 
+    /// Whether `jobs` (several layers reading the same x of `rows` rows) run
+    /// as one launch of Spindle's skinny kernel: the skinny kernel takes
+    /// steps of this many rows (see [`Self::gemv_rows`]) and the shapes.
+    fn fuses_linears(&self, rows: usize, jobs: &[LinearJob<'_, Self>]) -> bool {
+        let Some(k) = jobs.first().map(|(w, _)| w.cols) else { return false };
+        (2..=GEMV_MAX_JOBS).contains(&jobs.len())
+            && rows <= self.gpu.gemv_rows().min(GEMV_MAX_M)
+            && k.is_multiple_of(8)
+            && jobs.iter().all(|(w, _)| w.cols == k)
+    }
+
+    /// Rows up to which linear layers run Spindle's skinny GEMM kernel
+    /// rather than cuBLAS (see `Gpu::gemv_rows`).
+    pub fn gemv_rows(&self) -> usize {
+        self.gpu.gemv_rows()
+    }
+
+    /// Sets [`Self::gemv_rows`]; captured decode graphs are dropped so the
+    /// next steps use the new choice.
+    pub fn set_gemv_rows(&mut self, rows: usize) {
+        self.gpu.set_gemv_rows(rows);
+        self.graphs.clear();
+    }
+
     /// Decode graphs captured so far (0 with graphs off).
     pub fn captured_graphs(&self) -> usize {
         self.graphs.captured()
@@ -191,7 +215,9 @@ impl CudaBackend {
     }
 
     fn upload(&self, values: &[f32]) -> Result<CudaSlice<bf16>> {
-        let host: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+        use rayon::prelude::*;
+        // In parallel: a large model's load is otherwise bound by this loop.
+        let host: Vec<bf16> = values.par_iter().with_min_len(1 << 16).map(|&v| bf16::from_f32(v)).collect();
         Ok(self.gpu.stream.clone_htod(&host)?)
     }
 }
@@ -333,8 +359,16 @@ impl Backend for CudaBackend {
     }
 
     fn linear_many(&self, x: &CudaSlice<bf16>, rows: usize, jobs: &mut [LinearJob<'_, Self>]) -> Result<()> {
+        if self.fuses_linears(rows, jobs) {
+            let k = jobs[0].0.cols;
+            let mut fused: Vec<GemvJob<'_>> = jobs.iter_mut().map(|(w, out)| (&w.w, &mut **out, w.rows)).collect();
+            self.gpu.gemv_jobs(x, rows, k, &mut fused)?;
+        } else {
+            for (w, out) in jobs.iter_mut() {
+                self.gpu.gemm(out, x, &w.w, rows, w.rows, w.cols)?;
+            }
+        }
         for (w, out) in jobs.iter_mut() {
-            self.gpu.gemm(out, x, &w.w, rows, w.rows, w.cols)?;
             if let Some(b) = &w.bias {
                 self.gpu.add_bias(out, b, rows, w.rows)?;
             }

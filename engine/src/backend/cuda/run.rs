@@ -98,7 +98,6 @@ fn finish(
     device: &[Option<DeviceRow>],
     penalties: &[Option<&PenaltyCounts>],
 ) -> Result<StepLogits> {
-    let mut host = Vec::new();
     let mut sampled: Vec<Presampled> = vec![Presampled::No; ranges.len()];
     if let Some(logits) = logits {
         // Each row's penalty list and mask (the mask was computed by the
@@ -113,10 +112,11 @@ fn finish(
         let samples = g.sample_rows(logits, vocab, &rows)?;
         place_samples(&mut sampled, &seqs, &samples);
         if let Some(rows) = host_rows(ranges, &sampled) {
-            host = g.stream.clone_dtoh(&logits.slice(..rows * vocab))?;
+            let logits = g.read_host(logits, rows * vocab, |host| split_host_logits(ranges, &sampled, host, vocab))?;
+            return Ok(StepLogits { logits, sampled });
         }
     }
-    Ok(StepLogits { logits: split_host_logits(ranges, &sampled, &host, vocab), sampled })
+    Ok(StepLogits { logits: split_host_logits(ranges, &sampled, &[], vocab), sampled })
 }
 
 /// Marks the sequences whose grammar allows nothing more (`None`) as ended
