@@ -142,8 +142,8 @@ __device__ __forceinline__ void unpack8(const uint4 raw, float* f) {
 }
 
 
-// paged_decode_bf16's contract (same arguments, same outputs and partials),
-// with partitions of `partition` tokens (at most PARTITION) rather than
+// paged_decode_bf16's contract (its arguments plus `partition`, the same
+// outputs and partials), with partitions of `partition` tokens (at most PARTITION) rather than
 // PARTITION, and grid (kv_heads, seqs in this launch, partitions): block (g, s, p)
 // attends every query head of KV head g (heads / kv_heads of them, at most
 // MAX_GROUP), so each key and value row is read once per group, in 16-byte

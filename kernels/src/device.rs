@@ -167,7 +167,8 @@ impl Gpu {
     /// `f` over the first `n` values of `src`, copied to the host through
     /// page-locked memory kept for the next call (a pageable destination
     /// makes the driver stage the copy, and a fresh one page-faults); copies
-    /// of more than 1 GiB go through pageable memory.
+    /// of more than 1 GiB go through pageable memory. The staging buffer
+    /// only grows (to the largest copy so far, at most 1 GiB).
     pub fn read_host<R>(&self, src: &CudaSlice<f32>, n: usize, f: impl FnOnce(&[f32]) -> R) -> Result<R, CudaError> {
         need(src, n, "src")?;
         if n == 0 {
@@ -181,10 +182,13 @@ impl Gpu {
             *staging = None;
             // Whole MiB of values, so a slowly growing batch does not reallocate every step.
             let len = n.div_ceil(1 << 18) * (1 << 18);
-            // SAFETY: uninitialized until the copy below writes the first n
-            // values, and only those are read. Flags 0: cached (not
-            // write-combined) memory, which the host reads quickly.
-            *staging = Some(unsafe { self.ctx.alloc_pinned_with_flags::<f32>(len, 0) }?);
+            // SAFETY: freshly allocated page-locked memory of len values,
+            // zeroed through its pointer before any slice of it is made.
+            // Flags 0: cached (not write-combined) memory, which the host
+            // reads quickly.
+            let mut fresh = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(len, 0) }?;
+            unsafe { std::ptr::write_bytes(fresh.as_mut_ptr()?, 0, len) };
+            *staging = Some(fresh);
         }
         let Some(pinned) = staging.as_mut() else { unreachable!("allocated above") };
         let dst = &mut pinned.as_mut_slice()?[..n];

@@ -13,7 +13,8 @@
 //! `gemm_bf16_f32out` (linear layers, f32 accumulation, CUDA cores),
 //! `gemm_tc_bf16` / `gemm_tc_bf16_f32out` (the same on tensor cores, WMMA),
 //! `gemv_bf16` /
-//! `gemv_bf16_f32out` (decode steps of up to 8 rows, 16-byte weight loads) and
+//! `gemv_bf16_f32out` (decode steps of up to 8 rows, 16-byte weight loads),
+//! `gemv_jobs_bf16` (several such layers sharing an input, one launch) and
 //! `rope_table_bf16` (RoPE from host-computed tables) and
 //! `paged_prefill_bf16` (causal flash-attention prefill over the paged
 //! cache, WMMA, online softmax) and `sample_rows_f32` (greedy or

@@ -206,8 +206,9 @@ fn paged_decode_matches_the_cpu_across_partitions_gqa_and_windows() {
     // (heads, kv_heads, head_dim, block_size, context lengths): one split, several, GQA and MHA, odd lengths;
     // groups of 7 (Qwen2.5-0.5B), 16 and a head_dim of 36 (the grouped kernel does not take the last two),
     // head_dim 256 (one warp per row) and 8 (one lane per row). These small batches take the grouped
-    // kernel's finer splits (32 to 128 tokens; 128 for the 16 sequences of 513).
-    let cases: [(usize, usize, usize, usize, &[usize]); 10] = [
+    // kernel's finer splits (32 to 128 tokens; 128 for the 16 sequences of 513), with cache blocks of one
+    // token, of 48 (not dividing a split) and of 64 (wider than a split of 32).
+    let cases: [(usize, usize, usize, usize, &[usize]); 13] = [
         (4, 4, 64, 16, &[1, 17]),
         (8, 2, 128, 16, &[300, 1, 255, 256, 257]),
         (6, 3, 80, 32, &[1000, 33]),
@@ -218,6 +219,9 @@ fn paged_decode_matches_the_cpu_across_partitions_gqa_and_windows() {
         (8, 1, 256, 16, &[700, 3]),
         (2, 1, 8, 16, &[600]),
         (32, 8, 128, 16, &[513; 16]),
+        (8, 2, 64, 1, &[70, 5]),
+        (8, 2, 64, 48, &[300]),
+        (4, 1, 128, 64, &[130, 7]),
     ];
     let mut grouped_cases = 0;
     for (heads, kv_heads, head_dim, block_size, contexts) in cases {
@@ -264,7 +268,7 @@ fn paged_decode_matches_the_cpu_across_partitions_gqa_and_windows() {
             assert!(err < TOLERANCE, "{shape:?} window {window:?} {kernel:?}: rel err {err}");
         }
     }
-    assert_eq!(grouped_cases, 8, "the grouped kernel was not tried on every shape it takes");
+    assert_eq!(grouped_cases, 11, "the grouped kernel was not tried on every shape it takes");
 }
 
 #[test]
@@ -356,9 +360,9 @@ fn fused_skinny_gemms_match_the_cpu_and_refuse_what_they_do_not_take() {
     let (w, x) = (g.stream.clone_htod(&random(4 * 12, 30, 1.0)).unwrap(), g.stream.clone_htod(&random(9 * 16, 31, 1.0)).unwrap());
     let mut y = poisoned(&g, 9 * 4);
     let err = g.gemv_jobs(&x, 1, 12, &mut [(&w, &mut y, 4)]).unwrap_err();
-    assert!(err.to_string().contains("multiple of 8"), "{err}");
+    assert!(err.to_string().contains("k = 12"), "{err}");
     let err = g.gemv_jobs(&x, 9, 16, &mut [(&w, &mut y, 2)]).unwrap_err();
-    assert!(err.to_string().contains("at most"), "{err}");
+    assert!(err.to_string().contains("9 rows"), "{err}");
 }
 
 #[test]

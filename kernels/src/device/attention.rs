@@ -347,14 +347,16 @@ mod tests {
     }
 
     #[test]
-    fn scratch_covers_both_kernels_splits() {
-        for s in [shape(1, 8, 512), shape(3, 2, 300), shape(64, 8, 4096), shape(1, 1, 20)] {
-            let grouped = s.partials_of(s.grouped_partition());
-            let per_head = s.partials_of(DECODE_PARTITION);
-            assert!(s.scratch_partials() >= grouped.max(per_head), "{s:?}");
-        }
-        // One split needs no scratch at all.
-        assert_eq!(shape(1, 8, 20).partials_of(256), 0);
+    fn scratch_covers_the_kernel_with_more_splits() {
+        // Batch 1 at 512 tokens: the grouped kernel's 16 splits of 32 for
+        // each of 32 query heads (the per-head kernel needs 2 x 32).
+        assert_eq!(shape(1, 8, 512).scratch_partials(), 32 * 16);
+        // 64 sequences at 4096: both kernels split in 16 x 256.
+        assert_eq!(shape(64, 8, 4096).scratch_partials(), 64 * 32 * 16);
+        // 3 sequences of 2 kv heads (8 query heads) at 300: splits of 32, 10 of them.
+        assert_eq!(shape(3, 2, 300).grouped_partition(), 32);
+        assert_eq!(shape(3, 2, 300).scratch_partials(), 3 * 8 * 10);
+        // One split of either kernel needs no scratch at all.
         assert_eq!(shape(1, 8, 20).scratch_partials(), 0);
     }
 }

@@ -76,10 +76,11 @@ pub enum GemmKernel {
 }
 
 impl Gpu {
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with f32 accumulation: cuBLAS when it
-    /// is loaded, else Spindle's kernels (up to 8 rows with `k` a multiple of
-    /// 8, decode steps, take the skinny kernel that streams the weights in
-    /// 16-byte loads; the rest the tiled tensor-core one).
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with f32 accumulation: Spindle's skinny
+    /// kernel for up to [`Self::gemv_rows`] rows (`k` a multiple of 8), else
+    /// cuBLAS when it is loaded, else Spindle's kernels (up to 8 rows with
+    /// `k` a multiple of 8, decode steps, take the skinny kernel that streams
+    /// the weights in 16-byte loads; the rest the tiled tensor-core one).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm<T: GemmOut>(&self, y: &mut CudaSlice<T>, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, m: usize, n: usize, k: usize) -> Result<(), CudaError> {
         self.gemm_with(GemmKernel::Auto, y, x, w, m, n, k)
@@ -139,8 +140,14 @@ impl Gpu {
         if jobs.is_empty() || m == 0 {
             return Ok(());
         }
-        if jobs.len() > GEMV_MAX_JOBS || m > GEMV_MAX_M || k == 0 || !k.is_multiple_of(8) {
-            return Err(CudaError::Shape(format!("{} skinny jobs of {m} rows and k {k} (at most {GEMV_MAX_JOBS} jobs, {GEMV_MAX_M} rows, k a multiple of 8)", jobs.len())));
+        if jobs.len() > GEMV_MAX_JOBS {
+            return Err(CudaError::Shape(format!("{} skinny jobs in one launch (at most {GEMV_MAX_JOBS})", jobs.len())));
+        }
+        if m > GEMV_MAX_M {
+            return Err(CudaError::Shape(format!("{m} rows for the skinny kernel (at most {GEMV_MAX_M})")));
+        }
+        if k == 0 || !k.is_multiple_of(8) {
+            return Err(CudaError::Shape(format!("k = {k} for the skinny kernel (a positive multiple of 8)")));
         }
         need(x, m * k, "x")?;
         let count = jobs.len();

@@ -71,12 +71,6 @@ impl DecodeGraphs {
     }
 
     /// Turns graphs on or off (off drops every graph and buffer).
-    /// Drops every captured graph (they are captured again on demand), e.g.
-    /// after a kernel choice changed.
-    pub(super) fn clear(&mut self) {
-        self.buckets.iter_mut().for_each(|b| *b = None);
-    }
-
     pub(super) fn set_enabled(&mut self, on: bool) {
         self.enabled = on;
         if !on {

@@ -186,7 +186,8 @@ impl CudaBackend {
     /// next steps use the new choice.
     pub fn set_gemv_rows(&mut self, rows: usize) {
         self.gpu.set_gemv_rows(rows);
-        self.graphs.clear();
+        // The graphs captured so far replay the old kernels.
+        self.graphs.reset();
     }
 
     /// Decode graphs captured so far (0 with graphs off).
