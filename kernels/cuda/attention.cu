@@ -141,22 +141,38 @@ __device__ __forceinline__ void unpack8(const uint4 raw, float* f) {
     }
 }
 
-
-// paged_decode_bf16's contract (its arguments plus `partition`, the same
-// outputs and partials), with partitions of `partition` tokens (at most PARTITION) rather than
-// PARTITION, and grid (kv_heads, seqs in this launch, partitions): block (g, s, p)
-// attends every query head of KV head g (heads / kv_heads of them, at most
-// MAX_GROUP), so each key and value row is read once per group, in 16-byte
-// loads. head_dim is a multiple of 8, at most 256; q and the caches are
-// 16-byte aligned (the host checks the shape).
-// A row of head_dim / 8 chunks is read by `lanes` lanes (the next power of
-// two), so a warp covers 32 / lanes tokens at a time; every sum runs in a
-// fixed order (the result does not depend on timing).
 // Tokens each lane loads ahead in the grouped kernel's loops: 4 takes 128
 // registers; 8 (168 registers, fewer blocks resident) measured 20-50% slower
 // on an H200 (2026-12-04).
 #define GQA_UNROLL 4
 
+// This lane's 16 bytes (at head_off) of the cache rows of tokens
+// base + u * token_groups + tg, u < GQA_UNROLL; zeros for tokens from `last`
+// on and for an idle lane. `block_ids` holds the blocks from `first_block`.
+__device__ __forceinline__ void load_rows(uint4 (&raw)[GQA_UNROLL], const bf16* __restrict__ cache,
+                                          const int* block_ids, int first_block, int block_size, int kv_dim,
+                                          size_t head_off, int base, int token_groups, int tg, int last, bool active) {
+#pragma unroll
+    for (int u = 0; u < GQA_UNROLL; ++u) {
+        const int t = base + u * token_groups + tg;
+        raw[u] = make_uint4(0, 0, 0, 0);
+        if (t < last && active) {
+            const size_t slot = (size_t)block_ids[t / block_size - first_block] * block_size + t % block_size;
+            raw[u] = *reinterpret_cast<const uint4*>(cache + slot * kv_dim + head_off);
+        }
+    }
+}
+
+// paged_decode_bf16's contract (its arguments plus `partition`, the same
+// outputs and partials), with partitions of `partition` tokens (at most
+// PARTITION) and grid (kv_heads, seqs in this launch, partitions): block
+// (g, s, p) attends every query head of KV head g (heads / kv_heads of them,
+// at most MAX_GROUP), so each key and value row is read once per group, in
+// 16-byte loads. head_dim is a multiple of 8, at most 256; q and the caches
+// are 16-byte aligned (the host checks the shape).
+// A row of head_dim / 8 chunks is read by `lanes` lanes (the next power of
+// two), so a warp covers 32 / lanes tokens at a time; every sum runs in a
+// fixed order (the result does not depend on timing).
 extern "C" __global__ void __launch_bounds__(DECODE_THREADS)
 paged_decode_gqa_bf16(bf16* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_max,
                       float* __restrict__ part_sum, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
@@ -217,15 +233,7 @@ paged_decode_gqa_bf16(bf16* __restrict__ out, float* __restrict__ part_out, floa
     // loop bound is uniform over the warp (the shuffles need every lane).
     for (int base = first; base < last; base += token_groups * GQA_UNROLL) {
         uint4 raw[GQA_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GQA_UNROLL; ++u) {
-            const int t = base + u * token_groups + tg;
-            raw[u] = make_uint4(0, 0, 0, 0);
-            if (t < last && active) {
-                const size_t slot = (size_t)block_ids[t / block_size - first_block] * block_size + t % block_size;
-                raw[u] = *reinterpret_cast<const uint4*>(k_cache + slot * kv_dim + head_off);
-            }
-        }
+        load_rows(raw, k_cache, block_ids, first_block, block_size, kv_dim, head_off, base, token_groups, tg, last, active);
 #pragma unroll
         for (int u = 0; u < GQA_UNROLL; ++u) {
             const int t = base + u * token_groups + tg;
@@ -277,15 +285,7 @@ paged_decode_gqa_bf16(bf16* __restrict__ out, float* __restrict__ part_out, floa
         for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
     for (int base = first; base < last; base += token_groups * GQA_UNROLL) {
         uint4 raw[GQA_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GQA_UNROLL; ++u) {
-            const int t = base + u * token_groups + tg;
-            raw[u] = make_uint4(0, 0, 0, 0);
-            if (t < last && active) {
-                const size_t slot = (size_t)block_ids[t / block_size - first_block] * block_size + t % block_size;
-                raw[u] = *reinterpret_cast<const uint4*>(v_cache + slot * kv_dim + head_off);
-            }
-        }
+        load_rows(raw, v_cache, block_ids, first_block, block_size, kv_dim, head_off, base, token_groups, tg, last, active);
 #pragma unroll
         for (int u = 0; u < GQA_UNROLL; ++u) {
             const int t = base + u * token_groups + tg;

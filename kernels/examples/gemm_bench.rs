@@ -13,21 +13,16 @@
 //! come from memory. Without a GPU it says so and exits 0; without cuBLAS its
 //! column says why.
 
+mod common;
+
+use common::{pattern, time_calls, Result, ROTATE_BYTES};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use spindle_kernels::device::{driver_present, GemmKernel, GemvJob, Gpu};
-use std::time::Instant;
 
 /// (name, n, k) of the 8B model's linear layers, as the engine runs them
 /// (q and o; k and v; gate and up; down).
 const LAYERS: [(&str, usize, usize); 4] = [("q|o", 4096, 4096), ("k|v", 1024, 4096), ("gate|up", 14336, 4096), ("down", 4096, 14336)];
-/// Bytes of weight copies a measurement rotates over (well past a 60 MB L2).
-const ROTATE_BYTES: usize = 256 << 20;
-const ROUNDS: usize = 5;
-const CALLS: usize = 20;
-
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
 fn main() {
     if !driver_present() {
         println!("gemm_bench: skipped, no CUDA driver on this machine");
@@ -73,34 +68,11 @@ fn main() {
     }
 }
 
-/// Values of ±0.5 in a fixed hash pattern (not zeros: they can run faster).
-fn pattern(n: usize, salt: usize) -> Vec<bf16> {
-    (0..n).map(|i| bf16::from_f32((((i ^ salt).wrapping_mul(2_654_435_761) >> 12) & 0xff) as f32 / 256.0 - 0.5)).collect()
-}
-
 /// Copies of an `n × k` weight, enough to exceed the L2 together.
 fn weight_copies(g: &Gpu, n: usize, k: usize) -> Result<Vec<CudaSlice<bf16>>> {
     let copies = ROTATE_BYTES.div_ceil(n * k * 2).max(2);
     let host = pattern(n * k, n);
     Ok((0..copies).map(|_| g.stream.clone_htod(&host)).collect::<std::result::Result<_, _>>()?)
-}
-
-/// Per-call median and spread (seconds) of `call(i)` over rounds of back-to-back calls.
-fn time_calls(g: &Gpu, mut call: impl FnMut(usize) -> Result<()>) -> Result<(f64, f64)> {
-    let mut rounds = Vec::new();
-    for round in 0..=ROUNDS {
-        g.stream.synchronize()?;
-        let start = Instant::now();
-        for i in 0..CALLS {
-            call(round * CALLS + i)?;
-        }
-        g.stream.synchronize()?;
-        if round > 0 {
-            rounds.push(start.elapsed().as_secs_f64() / CALLS as f64);
-        }
-    }
-    rounds.sort_by(f64::total_cmp);
-    Ok((rounds[rounds.len() / 2], rounds[rounds.len() - 1] - rounds[0]))
 }
 
 fn run(g: &Gpu, kernel: GemmKernel, name: &str, m: usize, n: usize, k: usize) -> Result<()> {

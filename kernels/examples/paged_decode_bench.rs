@@ -13,14 +13,11 @@
 //! the cache that together exceed the L2, as layers do. Without a GPU it
 //! says so and exits 0.
 
+mod common;
+
+use common::{pattern, time_calls, Result, ROTATE_BYTES};
 use half::bf16;
 use spindle_kernels::device::{driver_present, DecodeKernel, DecodeShape, Gpu};
-use std::time::Instant;
-
-/// Bytes of cache the calls rotate over (well past a 60 MB L2).
-const ROTATE_BYTES: usize = 256 << 20;
-const ROUNDS: usize = 5;
-const CALLS: usize = 20;
 
 fn main() {
     if !driver_present() {
@@ -43,12 +40,7 @@ fn main() {
     }
 }
 
-/// Values of ±0.5 in a fixed hash pattern (not zeros).
-fn pattern(n: usize, salt: usize) -> Vec<bf16> {
-    (0..n).map(|i| bf16::from_f32((((i ^ salt).wrapping_mul(2_654_435_761) >> 12) & 0xff) as f32 / 256.0 - 0.5)).collect()
-}
-
-fn run(g: &Gpu, context: usize, seqs: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn run(g: &Gpu, context: usize, seqs: usize) -> Result<()> {
     let (heads, kv_heads, head_dim, block_size) = (32, 8, 128, 16);
     let max_blocks = context / block_size;
     let per_call = seqs * max_blocks;
@@ -65,27 +57,16 @@ fn run(g: &Gpu, context: usize, seqs: usize) -> Result<(), Box<dyn std::error::E
             let t: Vec<i32> = (0..per_call).map(|i| (r * per_call + (i * 7919) % per_call) as i32).collect();
             g.stream.clone_htod(&t)
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     let lens = g.stream.clone_htod(&vec![context as i32; seqs])?;
     let mut out = g.stream.alloc_zeros::<bf16>(seqs * heads * head_dim)?;
     let shape = DecodeShape { seqs, heads, kv_heads, head_dim, block_size, max_blocks, max_context: context };
     let scratch = g.decode_scratch(&shape)?;
     for kernel in [DecodeKernel::PerHead, DecodeKernel::Grouped] {
-        let mut rounds = Vec::new();
-        for round in 0..=ROUNDS {
-            g.stream.synchronize()?;
-            let start = Instant::now();
-            for i in 0..CALLS {
-                let table = &tables[(round * CALLS + i) % regions];
-                g.paged_decode_in(kernel, &mut out, &q, &cache, &values, table, &lens, shape, 0.088, None, scratch.as_ref())?;
-            }
-            g.stream.synchronize()?;
-            if round > 0 {
-                rounds.push(start.elapsed().as_secs_f64() / CALLS as f64);
-            }
-        }
-        rounds.sort_by(f64::total_cmp);
-        let (median, spread) = (rounds[rounds.len() / 2], rounds[rounds.len() - 1] - rounds[0]);
+        let (median, spread) = time_calls(g, |i| {
+            let table = &tables[i % regions];
+            Ok(g.paged_decode_in(kernel, &mut out, &q, &cache, &values, table, &lens, shape, 0.088, None, scratch.as_ref())?)
+        })?;
         let name = format!("{kernel:?}");
         println!(
             "{context:>8} {seqs:>5} {name:>10} {:>10.1} {:>10.1} {:>10.1} {:>8}",
