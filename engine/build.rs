@@ -7,6 +7,7 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rustc-check-cfg=cfg(host_avx512)");
     println!("cargo::rustc-check-cfg=cfg(host_avx512vnni)");
+    println!("cargo::rustc-check-cfg=cfg(host_amx)");
     let native = std::env::var("TARGET").ok() == std::env::var("HOST").ok();
     #[cfg(target_arch = "x86_64")]
     if native {
@@ -24,9 +25,31 @@ fn main() {
             println!("cargo::rustc-cfg=host_avx512");
             if ["avx512vl", "avx512vnni", "avx2", "fma", "f16c"].into_iter().all(has) {
                 println!("cargo::rustc-cfg=host_avx512vnni");
+                if has_amx_int8() {
+                    println!("cargo::rustc-cfg=host_amx");
+                }
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = native;
+}
+
+/// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25) with the tile
+/// state enabled by the OS (XCR0 bits 17 and 18).
+#[cfg(target_arch = "x86_64")]
+fn has_amx_int8() -> bool {
+    use std::arch::x86_64::{__cpuid_count, _xgetbv};
+    if !std::is_x86_feature_detected!("xsave") {
+        return false;
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    #[target_feature(enable = "xsave")]
+    unsafe fn xcr0() -> u64 {
+        // SAFETY: the caller checked XSAVE.
+        unsafe { _xgetbv(0) }
+    }
+    // SAFETY: XSAVE was detected above.
+    let xcr0 = unsafe { xcr0() };
+    edx & (0b11 << 24) == 0b11 << 24 && xcr0 & (0b11 << 17) == 0b11 << 17
 }

@@ -204,12 +204,12 @@ fn bench_kquant_decode_batch(c: &mut Criterion) {
     }
 }
 
-/// Prefill: 64 tokens (4 groups of 16) through Qwen2.5-1.5B-shaped layers.
+/// Prefill and batched decode: 16 to 512 tokens (1 to 32 groups of 16) through Qwen2.5-1.5B-shaped layers.
 fn bench_kquant_prefill(c: &mut Criterion) {
     let mut group = c.benchmark_group("kquant_gemm");
     group.sample_size(10);
     let shapes = [(GgmlType::Q4K, 1536usize, 1536usize), (GgmlType::Q4K, 8960, 1536), (GgmlType::Q6K, 1536, 8960)];
-    for (tokens, (dtype, rows, cols)) in [64usize, 512].into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
+    for (tokens, (dtype, rows, cols)) in [16usize, 32, 64, 512].into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
         let Some(k) = kgemm_kernels(dtype) else {
             eprintln!("no grouped K-quant kernel (AVX-512 VNNI) on this CPU");
             return;
@@ -231,6 +231,19 @@ fn bench_kquant_prefill(c: &mut Criterion) {
                 out[0][0][0]
             })
         });
+        // The same rows on AMX tiles, 16 at a time (where the CPU has them).
+        if let Some(amx) = k.amx {
+            let mut out16 = vec![[[0f32; GROUP]; 16]; tokens / GROUP];
+            group.bench_function(format!("{dtype:?}/{rows}x{cols}/{tokens}tok/amx"), |b| {
+                b.iter(|| {
+                    for block in weights.chunks_exact(16 * row_bytes) {
+                        let w: [&[u8]; 16] = std::array::from_fn(|i| &block[i * row_bytes..(i + 1) * row_bytes]);
+                        amx(&w, black_box(&groups), nb, &mut out16);
+                    }
+                    out16[0][0][0]
+                })
+            });
+        }
     }
     group.finish();
 }

@@ -5,8 +5,12 @@ use std::sync::OnceLock;
 
 mod element;
 mod scores;
+#[cfg(target_arch = "x86_64")]
+mod transpose;
 pub use element::{narrow_to_f16, KvElement};
 pub use scores::scaled_dots;
+#[cfg(target_arch = "x86_64")]
+pub use transpose::transpose16;
 
 /// Whether the CPU has AVX2, FMA and F16C (checked once).
 pub(crate) fn use_avx2() -> bool {

@@ -231,6 +231,10 @@ impl Linear {
                     }
                 };
                 let mut r = rows.start;
+                #[cfg(target_arch = "x86_64")]
+                if let Some(amx) = gemm.amx.filter(|_| groups >= AMX_MIN_GROUPS) {
+                    r = amx_rows(amx, &row, r..rows.end, &xq.kgroups, nb, n, write);
+                }
                 let mut four = vec![[[0f32; GROUP]; 4]; groups];
                 while r + 4 <= rows.end {
                     (gemm.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.kgroups, nb, &mut four);
@@ -417,6 +421,42 @@ impl QuantizedInput {
     }
 }
 
+/// Groups of 16 tokens from which the AMX kernel takes K-quant rows: it
+/// expands each weight super-block once for all groups, which does not pay
+/// for one group (`cargo bench --bench kernels -- kquant_gemm`).
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_GROUPS: usize = 2;
+
+/// Whole blocks of 16 rows from `rows` on AMX tiles; returns the first row left.
+#[cfg(target_arch = "x86_64")]
+fn amx_rows<'w>(
+    kernel: crate::quant::kquant::amx::KGemmAmxFn,
+    row: &impl Fn(usize) -> &'w [u8],
+    rows: std::ops::Range<usize>,
+    kgroups: &[Q8KGroup],
+    nb: usize,
+    n: usize,
+    write: &Sink,
+) -> usize {
+    use crate::quant::kquant::amx::ROWS;
+    let mut out = vec![[[0f32; GROUP]; ROWS]; n.div_ceil(GROUP)];
+    let mut r = rows.start;
+    while r + ROWS <= rows.end {
+        let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
+        kernel(&w, kgroups, nb, &mut out);
+        for (g, group) in out.iter().enumerate() {
+            for (h, sixteen) in group.chunks_exact(16).enumerate() {
+                if let Ok(sixteen) = <&[[f32; GROUP]; 16]>::try_from(sixteen) {
+                    // SAFETY: the AMX kernel exists only with AVX-512F.
+                    unsafe { write.put_group16(r + 16 * h, g, sixteen, n) };
+                }
+            }
+        }
+        r += ROWS;
+    }
+    r
+}
+
 /// Tokens from which quantizing activations is split across the pool.
 const PARALLEL_QUANTIZE_TOKENS: usize = 16;
 
@@ -538,6 +578,33 @@ impl Sink {
         }
     }
 
+    /// Rows `r..r + 16` of group `g` (as [`Sink::put_group4`], 16 rows):
+    /// a whole group inside the output is transposed in AVX-512 registers
+    /// and stored one token (16 rows) at a time; anything else goes four rows at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn put_group16(&self, r: usize, g: usize, out: &[[f32; GROUP]; 16], n: usize) {
+        let lanes = n.saturating_sub(g * GROUP).min(GROUP);
+        if lanes == GROUP && r + 16 <= self.rows && (g + 1) * GROUP <= self.tokens {
+            // SAFETY: AVX-512F (the caller's contract).
+            let tokens = unsafe { crate::simd::transpose16(out) };
+            for (lane, t) in tokens.into_iter().enumerate() {
+                // SAFETY: token g·GROUP + lane and rows r..r + 16 are inside the
+                // job's output (checked above) and belong to this task.
+                unsafe { std::arch::x86_64::_mm512_storeu_ps(self.ptr.get().add((g * GROUP + lane) * self.rows + r), t) };
+            }
+            return;
+        }
+        for (q, four) in out.chunks_exact(4).enumerate() {
+            if let Ok(four) = <&[[f32; GROUP]; 4]>::try_from(four) {
+                self.put_group4(r + 4 * q, g, four, n);
+            }
+        }
+    }
+
     /// `out[t, r..r + 4] = v`: four rows' results for one token in one
     /// store; out-of-range positions are ignored, as in [`Sink::put`].
     #[inline(always)]
@@ -584,6 +651,30 @@ mod tests {
             let mut got = vec![-1f32; rows * tokens];
             let write = Sink { ptr: SendPtr(got.as_mut_ptr()), rows, tokens };
             write.put_group4(r, g, &out, tokens);
+            let mut want = vec![-1f32; rows * tokens];
+            for lane in 0..GROUP {
+                for (i, row) in out.iter().enumerate() {
+                    let t = g * GROUP + lane;
+                    if t < tokens && r + i < rows {
+                        want[t * rows + r + i] = row[lane];
+                    }
+                }
+            }
+            assert_eq!(got, want, "rows {rows}, tokens {tokens}, r {r}, group {g}");
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    #[cfg_attr(not(host_avx512), ignore = "needs a CPU with AVX-512")]
+    fn put_group16_transposes_whole_groups_and_clips_partial_ones() {
+        let out: [[f32; GROUP]; 16] = std::array::from_fn(|i| std::array::from_fn(|lane| (100 * i + lane) as f32));
+        // A whole group (the transpose), a partial group, and rows past the end.
+        for (rows, tokens, r, g) in [(48usize, 40usize, 16usize, 1usize), (32, 23, 16, 1), (20, 32, 8, 0)] {
+            let mut got = vec![-1f32; rows * tokens];
+            let write = Sink { ptr: SendPtr(got.as_mut_ptr()), rows, tokens };
+            // SAFETY: AVX-512F (host_avx512).
+            unsafe { write.put_group16(r, g, &out, tokens) };
             let mut want = vec![-1f32; rows * tokens];
             for lane in 0..GROUP {
                 for (i, row) in out.iter().enumerate() {
@@ -695,12 +786,15 @@ mod tests {
 
     /// Every token's outputs are bit-identical whatever the batch: one token
     /// alone (decode kernels), 2-3 tokens (four-row kernels), 4-7 (four-token
-    /// kernels) and 8+ (grouped prefill kernels, 16 tokens a group).
+    /// kernels) and 8+ (grouped prefill kernels, 16 tokens a group; for
+    /// K-quants from 2 groups the AMX kernel where the CPU has it: 136 rows
+    /// make tasks of 17 rows, 16 on the tiles and one on the grouped kernel).
     #[test]
     fn quantized_layers_are_batch_invariant() {
         let mut seed = 99u64;
-        let (rows, cols) = (13, 512);
+        let cols = 512;
         for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+            let rows = if crate::quant::kquant::is_kquant(dtype) { 136 } else { 13 };
             let layer = random_layer(dtype, rows, cols, &mut seed);
             let n = 37;
             let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();

@@ -67,7 +67,7 @@ fn sub_block_sum(bsums: &[i16; 16], j: usize) -> i16 {
 }
 
 /// `lo` in the low 16 bits, `hi` in the high 16 (one `vpdpwssd` lane).
-fn pack_i16(lo: i16, hi: i16) -> i32 {
+pub(super) fn pack_i16(lo: i16, hi: i16) -> i32 {
     (lo as u16 as u32 | (hi as u16 as u32) << 16) as i32
 }
 
@@ -87,6 +87,9 @@ pub struct KGemmKernels {
     pub one: KGemmFn,
     /// Four rows sharing each activation load.
     pub rows4: KGemmRows4Fn,
+    /// 16 rows on AMX tiles, where the CPU and OS have them (bit-identical to `rows4`).
+    #[cfg(target_arch = "x86_64")]
+    pub amx: Option<super::amx::KGemmAmxFn>,
 }
 
 /// The grouped kernels for a K-quant type, where this CPU has AVX-512 VNNI.
@@ -118,6 +121,7 @@ pub fn kgemm_kernels(dtype: GgmlType) -> Option<KGemmKernels> {
                     // SAFETY: as above.
                     unsafe { vnni_rows::<$fmt, 4>(w, x, nb, out) }
                 },
+                amx: super::amx::amx_kernel(dtype),
             }
         };
     }
@@ -131,7 +135,7 @@ pub fn kgemm_kernels(dtype: GgmlType) -> Option<KGemmKernels> {
 
 /// The kernels' shape contract: `nb` super-blocks in every row, `groups * nb` groups.
 #[cfg(target_arch = "x86_64")]
-fn check(w: &[&[u8]], x: &[Q8KGroup], nb: usize, groups: usize, bytes: usize) {
+pub(super) fn check(w: &[&[u8]], x: &[Q8KGroup], nb: usize, groups: usize, bytes: usize) {
     assert!(w.iter().all(|r| r.len() >= nb * bytes), "K-quant GEMM: weight row shorter than {nb} super-blocks");
     assert!(x.len() >= groups * nb, "K-quant GEMM: {} activation groups for {groups} x {nb}", x.len());
 }
@@ -141,16 +145,28 @@ fn check(w: &[&[u8]], x: &[Q8KGroup], nb: usize, groups: usize, bytes: usize) {
 /// [`Q8KGroup::pairs`]), d and dmin.
 #[cfg(target_arch = "x86_64")]
 #[repr(C, align(32))]
-struct Unpacked {
-    u: [u8; QK_K],
-    scales: [i32; 16],
-    mins: [i32; 4],
-    d: (f32, f32),
+pub(super) struct Unpacked {
+    pub(super) u: [u8; QK_K],
+    pub(super) scales: [i32; 16],
+    pub(super) mins: [i32; 4],
+    pub(super) d: (f32, f32),
 }
 
 /// How many super-blocks ahead the weight rows are prefetched.
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_AHEAD: usize = 2;
+pub(super) const PREFETCH_AHEAD: usize = 2;
+
+/// Prefetches super-block `b` (`bytes` long) of `row` into L1, if the row has it.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn prefetch_super_block(row: &[u8], b: usize, bytes: usize) {
+    if let Some(ahead) = row.get(b * bytes..(b + 1) * bytes) {
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch hint of an in-bounds address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line) as *const i8) };
+        }
+    }
+}
 
 /// `R` rows of `F` times `out.len()` groups of 16 tokens, `nb` super-blocks each.
 #[cfg(target_arch = "x86_64")]
@@ -167,12 +183,7 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
             // Few groups (batched decode) leave too little work per weight
             // byte to hide its load: fetch a later super-block ahead.
             if out.len() <= 2 {
-                if let Some(ahead) = wr.get((b + PREFETCH_AHEAD) * F::BYTES..(b + PREFETCH_AHEAD + 1) * F::BYTES) {
-                    for line in (0..F::BYTES).step_by(64) {
-                        // SAFETY: a prefetch hint of an in-bounds address.
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line) as *const i8) };
-                    }
-                }
+                prefetch_super_block(wr, b + PREFETCH_AHEAD, F::BYTES);
             }
             // SAFETY: wb is one whole super-block; row.u holds 8 registers of 32 bytes.
             unsafe {
@@ -259,7 +270,7 @@ unsafe fn run_sums<F: Format, const R: usize, const G: usize>(rows: &[Unpacked; 
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn fold<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &Q8KGroup, tot: [__m512i; R], out: &mut [[f32; GROUP]; R]) {
+pub(super) unsafe fn fold<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &Q8KGroup, tot: [__m512i; R], out: &mut [[f32; GROUP]; R]) {
     // SAFETY: xg.d is a 64-byte aligned array of 16 lanes.
     let xd = unsafe { _mm512_load_ps(xg.d.as_ptr()) };
     // The sub-block sums of the mins (Q4_K/Q5_K), two per i32 lane.

@@ -265,6 +265,8 @@ mod scalar {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod gemm;
 #[cfg(target_arch = "x86_64")]
