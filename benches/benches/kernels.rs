@@ -231,16 +231,17 @@ fn bench_kquant_prefill(c: &mut Criterion) {
                 out[0][0][0]
             })
         });
-        // The same rows on AMX tiles, 16 at a time (where the CPU has them).
+        // The same rows on AMX tiles, 32 at a time (where the CPU has them).
+        #[cfg(target_arch = "x86_64")]
         if let Some(amx) = k.amx {
-            let mut out16 = vec![[[0f32; GROUP]; 16]; tokens / GROUP];
+            let mut out32 = vec![[[[0f32; GROUP]; 16]; 2]; tokens / GROUP];
             group.bench_function(format!("{dtype:?}/{rows}x{cols}/{tokens}tok/amx"), |b| {
                 b.iter(|| {
-                    for block in weights.chunks_exact(16 * row_bytes) {
-                        let w: [&[u8]; 16] = std::array::from_fn(|i| &block[i * row_bytes..(i + 1) * row_bytes]);
-                        amx(&w, black_box(&groups), nb, &mut out16);
+                    for block in weights.chunks_exact(32 * row_bytes) {
+                        let w: [&[u8]; 32] = std::array::from_fn(|i| &block[i * row_bytes..(i + 1) * row_bytes]);
+                        amx(&w, black_box(&groups), nb, &mut out32);
                     }
-                    out16[0][0][0]
+                    out32[0][0][0][0]
                 })
             });
         }

@@ -427,7 +427,7 @@ impl QuantizedInput {
 #[cfg(target_arch = "x86_64")]
 const AMX_MIN_GROUPS: usize = 2;
 
-/// Whole blocks of 16 rows from `rows` on AMX tiles; returns the first row left.
+/// Whole blocks of 32 rows from `rows` on AMX tiles; returns the first row left.
 #[cfg(target_arch = "x86_64")]
 fn amx_rows<'w>(
     kernel: crate::quant::kquant::amx::KGemmAmxFn,
@@ -438,18 +438,16 @@ fn amx_rows<'w>(
     n: usize,
     write: &Sink,
 ) -> usize {
-    use crate::quant::kquant::amx::ROWS;
-    let mut out = vec![[[0f32; GROUP]; ROWS]; n.div_ceil(GROUP)];
+    use crate::quant::kquant::amx::{ROWS, TILE_ROWS};
+    let mut out = vec![[[[0f32; GROUP]; TILE_ROWS]; 2]; n.div_ceil(GROUP)];
     let mut r = rows.start;
     while r + ROWS <= rows.end {
         let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
         kernel(&w, kgroups, nb, &mut out);
         for (g, group) in out.iter().enumerate() {
-            for (h, sixteen) in group.chunks_exact(16).enumerate() {
-                if let Ok(sixteen) = <&[[f32; GROUP]; 16]>::try_from(sixteen) {
-                    // SAFETY: the AMX kernel exists only with AVX-512F.
-                    unsafe { write.put_group16(r + 16 * h, g, sixteen, n) };
-                }
+            for (h, half) in group.iter().enumerate() {
+                // SAFETY: the AMX kernel exists only with AVX-512F.
+                unsafe { write.put_group16(r + TILE_ROWS * h, g, half, n) };
             }
         }
         r += ROWS;
@@ -787,14 +785,17 @@ mod tests {
     /// Every token's outputs are bit-identical whatever the batch: one token
     /// alone (decode kernels), 2-3 tokens (four-row kernels), 4-7 (four-token
     /// kernels) and 8+ (grouped prefill kernels, 16 tokens a group; for
-    /// K-quants from 2 groups the AMX kernel where the CPU has it: 136 rows
-    /// make tasks of 17 rows, 16 on the tiles and one on the grouped kernel).
+    /// K-quants from 2 groups the AMX kernel where the CPU has it: the rows
+    /// make tasks of 33 rows whatever the pool's size, 32 on the tiles and
+    /// one on the grouped kernel).
     #[test]
     fn quantized_layers_are_batch_invariant() {
         let mut seed = 99u64;
         let cols = 512;
         for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
-            let rows = if crate::quant::kquant::is_kquant(dtype) { 136 } else { 13 };
+            let threads = rayon::current_num_threads().max(1);
+            let rows = if crate::quant::kquant::is_kquant(dtype) { 33 * 4 * threads } else { 13 };
+            assert!(!crate::quant::kquant::is_kquant(dtype) || row_chunk(rows) == 33, "tasks of 33 rows");
             let layer = random_layer(dtype, rows, cols, &mut seed);
             let n = 37;
             let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();

@@ -15,10 +15,12 @@
 //! The activations are the grouped kernel's [`Q8KGroup`]s unchanged: 64
 //! values of 16 tokens (`qs[16s..16s+16]`) are exactly one B tile (16 rows of
 //! 4 values × 16 tokens). A tiles are 16 weight rows × 64 values. Each K-step
-//! multiplies 2 A tiles (lo, hi) by 2 B tiles (two groups) into 4 C tiles,
-//! so that no tile is reloaded while a product still reads it (tiles are not
-//! renamed: reusing one serialises the products), and while the tiles work
-//! on the next pair of groups the vector units fold the last one.
+//! multiplies one B tile (one group) by the A tiles of 32 rows (lo and hi of
+//! two halves) into 4 C tiles: each activation tile serves 32 rows, which
+//! matters where the activations do not fit the L2 (measured against two
+//! groups of 16 rows: 2.55 against 2.70 ms for 1536 × 1536 × 512 tokens,
+//! 21.4 against 28.3 ms for Q6_K 1536 × 8960). While the tiles work on the
+//! next group, the vector units fold the last one.
 //!
 //! Linux only: the process must ask the kernel for the tile state
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), done once by [`available`].
@@ -32,8 +34,12 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-/// Weight rows per call (one A tile).
-pub const ROWS: usize = 16;
+/// Weight rows per call (two A tiles of [`TILE_ROWS`]).
+pub const ROWS: usize = 32;
+/// Rows of one A tile (and of each half of [`AmxOut`]).
+pub const TILE_ROWS: usize = 16;
+/// One group's results: `[half][row][token]`, rows `16·half + row`.
+pub type AmxOut = [[[f32; GROUP]; TILE_ROWS]; 2];
 
 /// Whether this CPU and OS run AMX-INT8 tiles (and the AVX-512 the fold
 /// needs), and `SPINDLE_AMX` does not turn them off. Asks the kernel for the
@@ -59,6 +65,10 @@ fn cpu_has_amx_int8() -> bool {
     tiles && xcr0 & (0b11 << 17) == 0b11 << 17
 }
 
+/// XCR0: which state components the OS saves (and so enables).
+///
+/// # Safety
+/// The CPU must have XSAVE.
 #[target_feature(enable = "xsave")]
 unsafe fn xcr0() -> u64 {
     // SAFETY: the caller checked XSAVE.
@@ -91,6 +101,7 @@ struct TileConfig {
 }
 
 impl TileConfig {
+    /// Palette 1, tiles 0..8 of 16 rows × 64 bytes, the rest unused.
     fn uniform() -> Self {
         let mut cfg = Self { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
         for t in 0..8 {
@@ -109,12 +120,12 @@ struct Expanded {
     hi: [[u8; QK_K]; ROWS],
 }
 
-/// The four C tiles of two groups: `[lo g0, hi g0, lo g1, hi g1]`.
+/// The four C tiles of one group: `[lo rows 0..16, hi rows 0..16, lo rows 16..32, hi rows 16..32]`.
 #[repr(C, align(64))]
 struct Products([[[i32; GROUP]; 16]; 4]);
 
-/// [`ROWS`] rows of `F` times every group (as [`super::gemm::KGemmRows4Fn`], 16 rows).
-pub type KGemmAmxFn = fn(&[&[u8]; ROWS], &[Q8KGroup], usize, &mut [[[f32; GROUP]; ROWS]]);
+/// [`ROWS`] rows of `F` times every group (as [`super::gemm::KGemmRows4Fn`], 32 rows).
+pub type KGemmAmxFn = fn(&[&[u8]; ROWS], &[Q8KGroup], usize, &mut [AmxOut]);
 
 /// The AMX kernel for a K-quant type, where [`available`].
 pub fn amx_kernel(dtype: crate::gguf::types::GgmlType) -> Option<KGemmAmxFn> {
@@ -125,7 +136,7 @@ pub fn amx_kernel(dtype: crate::gguf::types::GgmlType) -> Option<KGemmAmxFn> {
     }
     macro_rules! kernel {
         ($fmt:ty) => {
-            |w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out: &mut [[[f32; GROUP]; ROWS]]| {
+            |w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out: &mut [AmxOut]| {
                 super::gemm::check(w, x, nb, out.len(), <$fmt>::BYTES);
                 // SAFETY: AMX-INT8 with OS permission and AVX-512 VNNI/BW/F
                 // and AVX2/FMA/F16C were detected (`available`); shapes checked.
@@ -142,82 +153,72 @@ pub fn amx_kernel(dtype: crate::gguf::types::GgmlType) -> Option<KGemmAmxFn> {
 }
 
 /// [`ROWS`] rows of `F` times `out.len()` groups of 16 tokens, `nb` super-blocks each.
+///
+/// # Safety
+/// The CPU must have AMX-INT8 with the OS's permission ([`available`]) and
+/// the target features below; `check` must have passed for these shapes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn amx_rows<F: Format>(w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out: &mut [[[f32; GROUP]; ROWS]]) {
+unsafe fn amx_rows<F: Format>(w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out: &mut [AmxOut]) {
     for o in out.iter_mut() {
-        *o = [[0.0; GROUP]; ROWS];
+        *o = [[[0.0; GROUP]; TILE_ROWS]; 2];
     }
     let cfg = TileConfig::uniform();
-    // SAFETY: AMX is available (the caller's contract); cfg is a valid palette-1 configuration.
+    // SAFETY: AMX is available (this function's contract); cfg is a valid
+    // palette-1 configuration. The tile registers stay live from here to
+    // `tilerelease` across several `asm!` blocks: nothing else in this
+    // process uses them, and the compiler never allocates them.
     unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
-    let mut rows: Box<[Unpacked; ROWS]> =
-        Box::new(std::array::from_fn(|_| Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 4], d: (0.0, 0.0) }));
+    let unpacked = || Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 4], d: (0.0, 0.0) };
+    let mut rows: Box<[[Unpacked; TILE_ROWS]; 2]> = Box::new(std::array::from_fn(|_| std::array::from_fn(|_| unpacked())));
     let mut expanded = Box::new(Expanded { lo: [[0; QK_K]; ROWS], hi: [[0; QK_K]; ROWS] });
     let mut products = Box::new([Products([[[0; GROUP]; 16]; 4]), Products([[[0; GROUP]; 16]; 4])]);
     let groups = out.len();
-    // Groups go through the tiles in pairs; a lone last group has no partner.
-    let pair = |p: usize, b: usize| (&x[2 * p * nb + b], x.get((2 * p + 1) * nb + b).filter(|_| 2 * p + 1 < groups));
-    let pairs = groups.div_ceil(2);
     for b in 0..nb {
-        for (r, row) in rows.iter_mut().enumerate() {
+        for (r, wr) in w.iter().enumerate() {
             // Few groups (batched decode) leave too little work per weight
             // byte to hide its load: fetch a later super-block ahead.
             if groups <= 2 {
-                super::gemm::prefetch_super_block(w[r], b + super::gemm::PREFETCH_AHEAD, F::BYTES);
+                super::gemm::prefetch_super_block(wr, b + super::gemm::PREFETCH_AHEAD, F::BYTES);
             }
+            let row = &mut rows[r / TILE_ROWS][r % TILE_ROWS];
             // SAFETY: `check` guarantees nb whole super-blocks in every row.
-            unsafe { expand::<F>(&w[r][b * F::BYTES..(b + 1) * F::BYTES], row, &mut expanded.lo[r], &mut expanded.hi[r]) };
+            unsafe { expand::<F>(&wr[b * F::BYTES..(b + 1) * F::BYTES], row, &mut expanded.lo[r], &mut expanded.hi[r]) };
         }
-        // Software pipeline: while the tiles multiply pair p + 1 (one
-        // K-step at a time), the vector units fold pair p (a quarter a step).
-        if pairs > 0 {
-            let (x0, x1) = pair(0, b);
-            // SAFETY (all tile calls): tiles configured above; every pointer
-            // is to a whole, aligned buffer.
-            unsafe {
-                tiles_zero();
-                for s in 0..STEPS {
-                    tiles_step(&expanded, x0, x1, s);
-                }
-                tiles_store(&mut products[0]);
-            }
+        // Software pipeline: while the tiles multiply group g + 1 (one
+        // K-step at a time), the vector units fold group g (8 rows a step).
+        let (first, rest) = products.split_at_mut(1);
+        let mut buffers = [&mut first[0], &mut rest[0]];
+        if groups > 0 {
+            // SAFETY (all tile calls): the tiles are configured above.
+            unsafe { group_products(&expanded, &x[b], buffers[0]) };
         }
-        for p in 0..pairs {
-            let next = (p + 1 < pairs).then(|| pair(p + 1, b));
+        for g in 0..groups {
+            let next = x.get((g + 1) * nb + b).filter(|_| g + 1 < groups);
+            let [done, pending] = &mut buffers;
             if next.is_some() {
                 // SAFETY: as above.
                 unsafe { tiles_zero() };
             }
-            let (done, pending) = products.split_at_mut(1);
-            let (done, pending) = if p % 2 == 0 { (&done[0], &mut pending[0]) } else { (&pending[0], &mut done[0]) };
             for s in 0..STEPS {
-                if let Some((x0, x1)) = next {
+                if let Some(xn) = next {
                     // SAFETY: as above.
-                    unsafe { tiles_step(&expanded, x0, x1, s) };
+                    unsafe { tiles_step(&expanded, xn, s) };
                 }
-                // Quarter s: group 2p + s / 2, rows 8 (s % 2)..+8.
-                let (half, g) = (s / 2, 2 * p + s / 2);
-                if g >= groups {
-                    continue;
+                // Step s folds rows 8s..8s + 8: quarter s % 2 of half s / 2.
+                let (half, upper) = (s / 2, s % 2 == 1);
+                let meta = if upper { rows[half].last_chunk::<FOLD_ROWS>() } else { rows[half].first_chunk::<FOLD_ROWS>() };
+                let o = &mut out[g][half];
+                let o = if upper { o.last_chunk_mut::<FOLD_ROWS>() } else { o.first_chunk_mut::<FOLD_ROWS>() };
+                if let (Some(meta), Some(o)) = (meta, o) {
+                    let first = if upper { FOLD_ROWS } else { 0 };
+                    // SAFETY: as in the grouped kernel; `check` bounds g·nb + b.
+                    unsafe { fold_rows::<F>(meta, done, half, first, &x[g * nb + b], o) };
                 }
-                let rs = (s % 2) * FOLD_ROWS..(s % 2 + 1) * FOLD_ROWS;
-                let tot: [__m512i; FOLD_ROWS] = std::array::from_fn(|i| {
-                    let m = rs.start + i;
-                    // SAFETY: 64-byte aligned rows of 16 i32.
-                    unsafe {
-                        let lo = _mm512_load_si512(done.0[2 * half][m].as_ptr() as *const __m512i);
-                        let hi = _mm512_load_si512(done.0[2 * half + 1][m].as_ptr() as *const __m512i);
-                        _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8))
-                    }
-                });
-                let meta: &[Unpacked; FOLD_ROWS] = (&rows[rs.clone()]).try_into().expect("FOLD_ROWS rows");
-                let o: &mut [[f32; GROUP]; FOLD_ROWS] = (&mut out[g][rs]).try_into().expect("FOLD_ROWS rows");
-                // SAFETY: as in the grouped kernel.
-                unsafe { fold::<F, FOLD_ROWS>(meta, &x[g * nb + b], tot, o) };
             }
             if next.is_some() {
                 // SAFETY: as above.
                 unsafe { tiles_store(pending) };
+                std::mem::swap(done, pending);
             }
         }
     }
@@ -225,8 +226,60 @@ unsafe fn amx_rows<F: Format>(w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out:
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
+/// All K-steps of one group into `c` (the first group of a super-block,
+/// with no fold to overlap).
+///
+/// # Safety
+/// The tiles must be configured ([`TileConfig::uniform`]).
+#[inline(always)]
+unsafe fn group_products(e: &Expanded, xg: &Q8KGroup, c: &mut Products) {
+    // SAFETY: forwarded.
+    unsafe {
+        tiles_zero();
+        for s in 0..STEPS {
+            tiles_step(e, xg, s);
+        }
+        tiles_store(c);
+    }
+}
+
+/// Rows folded after each K-step of the next group (a quarter of the rows).
+const FOLD_ROWS: usize = ROWS / STEPS;
+
+/// Folds rows `16·half + first..` (`FOLD_ROWS` of them) of a group's
+/// products `c` into `out`: `tot = C_lo + 256·C_hi` per row, then the
+/// grouped kernel's fold.
+///
+/// # Safety
+/// The CPU must have the target features below; `first + FOLD_ROWS <= 16`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+unsafe fn fold_rows<F: Format>(
+    rows: &[Unpacked; FOLD_ROWS],
+    c: &Products,
+    half: usize,
+    first: usize,
+    xg: &Q8KGroup,
+    out: &mut [[f32; GROUP]; FOLD_ROWS],
+) {
+    let (lo, hi) = (&c.0[2 * half], &c.0[2 * half + 1]);
+    let tot: [__m512i; FOLD_ROWS] = std::array::from_fn(|i| {
+        // SAFETY: 64-byte aligned rows of 16 i32.
+        unsafe {
+            let l = _mm512_load_si512(lo[first + i].as_ptr() as *const __m512i);
+            let h = _mm512_load_si512(hi[first + i].as_ptr() as *const __m512i);
+            _mm512_add_epi32(l, _mm512_slli_epi32(h, 8))
+        }
+    });
+    // SAFETY: the target features are enabled here.
+    unsafe { fold::<F, FOLD_ROWS>(rows, xg, tot, out) };
+}
+
 /// Expands one row's super-block: its d, dmin and mins into `row`, its
 /// scaled values into `lo`/`hi`.
+///
+/// # Safety
+/// `wb` must be one whole super-block of `F`; the CPU must have the target features below.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn expand<F: Format>(wb: &[u8], row: &mut Unpacked, lo: &mut [u8; QK_K], hi: &mut [u8; QK_K]) {
@@ -256,55 +309,57 @@ unsafe fn expand<F: Format>(wb: &[u8], row: &mut Unpacked, lo: &mut [u8; QK_K], 
 
 /// K-steps of 64 values per super-block.
 const STEPS: usize = QK_K / 64;
-/// Rows folded per K-step of the next pair (a quarter of a pair's results).
-const FOLD_ROWS: usize = ROWS / 2;
-
 /// Zeroes the four C tiles.
+///
+/// # Safety
+/// The tiles must be configured ([`TileConfig::uniform`]).
 #[inline(always)]
 unsafe fn tiles_zero() {
     // SAFETY: the caller configured the tiles.
     unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) };
 }
 
-/// K-step `s` (values 64s..64s+64) of `e` times two groups into the C
-/// tiles: `Σ lo·q` and `Σ hi·q` for `x0` (tmm0, tmm1) and `x1` (tmm2,
-/// tmm3); without `x1` (a lone last group), tmm2 and tmm3 are left alone.
+/// K-step `s` (values 64s..64s+64) of `e` times one group into the C
+/// tiles: `Σ lo·q` and `Σ hi·q` for rows 0..16 (tmm0, tmm1) and 16..32
+/// (tmm2, tmm3).
+///
+/// # Safety
+/// The tiles must be configured ([`TileConfig::uniform`]); `s < STEPS`.
 #[inline(always)]
-unsafe fn tiles_step(e: &Expanded, x0: &Q8KGroup, x1: Option<&Q8KGroup>, s: usize) {
-    let (lo, hi) = (e.lo[0][64 * s..].as_ptr(), e.hi[0][64 * s..].as_ptr());
-    // SAFETY (both blocks): the caller configured 8 tiles of 16 × 64 bytes;
-    // every load reads 16 rows of 64 bytes inside `e` (stride 256) or `x.qs` (stride 64).
+unsafe fn tiles_step(e: &Expanded, xg: &Q8KGroup, s: usize) {
+    // Pointers from the whole arrays: each load reads 16 rows.
+    let (lo, hi) = (e.lo.as_ptr().cast::<u8>(), e.hi.as_ptr().cast::<u8>());
+    let half = TILE_ROWS * QK_K;
+    // SAFETY: the caller configured 8 tiles of 16 × 64 bytes; every load
+    // reads 16 rows of 64 bytes inside `e` (stride 256, from row 0 or 16)
+    // or inside `xg.qs` (stride 64); 64s < 256.
     unsafe {
         asm!(
-            "tileloadd tmm4, [{lo} + {ws}*1]",
-            "tileloadd tmm6, [{x0} + {xs}*1]",
+            "tileloadd tmm6, [{x} + {xs}*1]",
+            "tileloadd tmm4, [{lo0} + {ws}*1]",
+            "tileloadd tmm5, [{hi0} + {ws}*1]",
             "tdpbusd tmm0, tmm4, tmm6",
-            "tileloadd tmm5, [{hi} + {ws}*1]",
             "tdpbssd tmm1, tmm5, tmm6",
-            x0 = in(reg) x0.qs[16 * s].as_ptr(),
-            lo = in(reg) lo,
-            hi = in(reg) hi,
+            "tileloadd tmm4, [{lo1} + {ws}*1]",
+            "tileloadd tmm5, [{hi1} + {ws}*1]",
+            "tdpbusd tmm2, tmm4, tmm6",
+            "tdpbssd tmm3, tmm5, tmm6",
+            x = in(reg) xg.qs.as_ptr().add(16 * s),
+            lo0 = in(reg) lo.add(64 * s),
+            hi0 = in(reg) hi.add(64 * s),
+            lo1 = in(reg) lo.add(half + 64 * s),
+            hi1 = in(reg) hi.add(half + 64 * s),
             xs = in(reg) 64usize,
             ws = in(reg) QK_K,
             options(nostack, readonly),
         );
     }
-    if let Some(x1) = x1 {
-        // SAFETY: as above (tmm4 and tmm5 still hold this step's weights).
-        unsafe {
-            asm!(
-                "tileloadd tmm7, [{x1} + {xs}*1]",
-                "tdpbusd tmm2, tmm4, tmm7",
-                "tdpbssd tmm3, tmm5, tmm7",
-                x1 = in(reg) x1.qs[16 * s].as_ptr(),
-                xs = in(reg) 64usize,
-                options(nostack, readonly),
-            );
-        }
-    }
 }
 
 /// Stores the four C tiles into `c`.
+///
+/// # Safety
+/// The tiles must be configured ([`TileConfig::uniform`]).
 #[inline(always)]
 unsafe fn tiles_store(c: &mut Products) {
     // SAFETY: the caller configured the tiles; every store writes 16 rows of 64 bytes inside `c`.
@@ -357,9 +412,10 @@ mod tests {
     fn amx_kernel_equals_the_one_token_kernels_bit_for_bit() {
         assert!(available(), "built on a CPU with AMX-INT8, but the tiles are unavailable here (or SPINDLE_AMX=0)");
         let mut seed = 7u64;
-        // One group, a partial third group, and activations at full scale
-        // (every value ±max: the largest integer sums).
-        for (nb, n, extreme) in [(2, 16, false), (3, 37, false), (1, 48, true)] {
+        // One group, a partial third group, four and five groups (both
+        // product buffers, twice), and activations at full scale (every
+        // value ±max: the largest integer sums).
+        for (nb, n, extreme) in [(2, 16, false), (3, 37, false), (2, 64, false), (1, 80, false), (1, 48, true)] {
             let x: Vec<f32> = (0..n * nb * QK_K)
                 .map(|i| if extreme { if i % 3 == 0 { -4.0 } else { 4.0 } } else { (lcg(&mut seed) % 3001) as f32 / 600.0 - 2.5 })
                 .collect();
@@ -378,13 +434,13 @@ mod tests {
                     .collect();
                 let w: [&[u8]; ROWS] = std::array::from_fn(|r| rows[r].as_slice());
                 let kernel = amx_kernel(dtype).expect("an AMX kernel for every K-quant type");
-                let mut out = vec![[[f32::NAN; GROUP]; ROWS]; n.div_ceil(GROUP)];
+                let mut out = vec![[[[f32::NAN; GROUP]; TILE_ROWS]; 2]; n.div_ceil(GROUP)];
                 kernel(&w, &groups, nb, &mut out);
                 let one = kdot_kernels(dtype).expect("kernels").one;
                 for (r, wr) in rows.iter().enumerate() {
                     for t in 0..n {
                         let want = one(wr, &xq[t * nb..(t + 1) * nb]);
-                        let got = out[t / GROUP][r][t % GROUP];
+                        let got = out[t / GROUP][r / TILE_ROWS][r % TILE_ROWS][t % GROUP];
                         assert_eq!(got.to_bits(), want.to_bits(), "{dtype:?} nb {nb} row {r} token {t}: {got} vs {want}");
                     }
                 }
@@ -393,10 +449,17 @@ mod tests {
     }
 
     #[test]
-    fn amx_kernels_exist_exactly_where_the_tiles_are_available() {
-        for dtype in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
-            assert_eq!(amx_kernel(dtype).is_some(), available(), "{dtype:?}");
+    fn only_k_quants_have_an_amx_kernel() {
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::F16] {
+            assert!(amx_kernel(dtype).is_none(), "{dtype:?}");
         }
-        assert!(amx_kernel(GgmlType::Q8_0).is_none());
+    }
+
+    #[test]
+    #[cfg_attr(not(host_amx), ignore = "needs a CPU with AMX-INT8")]
+    fn every_k_quant_has_an_amx_kernel_on_a_cpu_with_tiles() {
+        for dtype in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+            assert!(amx_kernel(dtype).is_some(), "{dtype:?}: the tiles are unavailable here (or SPINDLE_AMX=0)");
+        }
     }
 }
