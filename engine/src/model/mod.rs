@@ -6,6 +6,7 @@
 
 pub mod decoder;
 pub mod linear;
+mod sink;
 pub mod llama;
 pub mod ops;
 
