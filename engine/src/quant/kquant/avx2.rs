@@ -43,6 +43,9 @@ pub(super) struct Q5K;
 /// Q6_K.
 pub(super) struct Q6K;
 
+/// Inlined: as a call it costs a `vzeroupper` and a store-forwarding stall
+/// on every super-block of the grouped kernels.
+#[inline(always)]
 fn k4_int_scales(wb: &[u8]) -> ([i32; 16], [u8; 8]) {
     let (sc, mins) = scales_mins_k4(&wb[4..16]);
     let mut out = [0i32; 16];
@@ -77,6 +80,7 @@ unsafe fn k4_scales(wb: *const u8) -> ([__m256i; 8], [u8; 8]) {
 impl Format for Q4K {
     const BYTES: usize = Q4K_BYTES;
     const SUB: usize = 32;
+    #[inline(always)]
     fn int_scales(wb: &[u8]) -> ([i32; 16], [u8; 8]) {
         k4_int_scales(wb)
     }
@@ -108,6 +112,7 @@ impl Format for Q4K {
 impl Format for Q5K {
     const BYTES: usize = Q5K_BYTES;
     const SUB: usize = 32;
+    #[inline(always)]
     fn int_scales(wb: &[u8]) -> ([i32; 16], [u8; 8]) {
         k4_int_scales(wb)
     }
@@ -141,6 +146,7 @@ impl Format for Q5K {
 impl Format for Q6K {
     const BYTES: usize = Q6K_BYTES;
     const SUB: usize = 16;
+    #[inline(always)]
     fn int_scales(wb: &[u8]) -> ([i32; 16], [u8; 8]) {
         let mut out = [0i32; 16];
         for (o, &s) in out.iter_mut().zip(&wb[192..208]) {
