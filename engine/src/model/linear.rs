@@ -223,34 +223,8 @@ impl Linear {
             WeightData::Blocks { bytes, row_bytes, kgemm: Some(gemm), kquant, .. }
                 if precision == MatmulPrecision::Fast && !xq.kgroups.is_empty() && !prefers_rows4_tokens(kquant, n) =>
             {
-                let nb = cols / QK_K;
-                let groups = n.div_ceil(GROUP);
                 let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
-                let emit = |r: usize, g: usize, lanes: &[f32; GROUP]| {
-                    for (lane, v) in lanes.iter().enumerate().take(n.saturating_sub(g * GROUP)) {
-                        write.put(r, g * GROUP + lane, *v);
-                    }
-                };
-                let mut r = rows.start;
-                #[cfg(target_arch = "x86_64")]
-                if let Some(amx) = gemm.amx.filter(|_| groups >= AMX_MIN_GROUPS) {
-                    r = amx_rows(amx, &row, r..rows.end, &xq.kgroups, nb, n, write);
-                }
-                let mut four = vec![[[0f32; GROUP]; 4]; groups];
-                while r + 4 <= rows.end {
-                    (gemm.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.kgroups, nb, &mut four);
-                    for (g, out) in four.iter().enumerate() {
-                        write.put_group4(r, g, out, n);
-                    }
-                    r += 4;
-                }
-                let mut one = vec![[[0f32; GROUP]; 1]; groups];
-                for r in r..rows.end {
-                    (gemm.one)(row(r), &xq.kgroups, nb, &mut one);
-                    for (g, out) in one.iter().enumerate() {
-                        emit(r, g, &out[0]);
-                    }
-                }
+                super::kquant_grouped::kquant_chunked(gemm, &row, rows, &xq.kgroups, cols / QK_K, n, write);
             }
             WeightData::Blocks { bytes, row_bytes, kquant: Some(k), .. }
                 if precision == MatmulPrecision::Fast && !xq.krows.is_empty() =>
@@ -422,39 +396,6 @@ impl QuantizedInput {
     }
 }
 
-/// Groups of 16 tokens from which the AMX kernel takes K-quant rows: it
-/// expands each weight super-block once for all groups, which does not pay
-/// for one group (`cargo bench --bench kernels -- kquant_gemm`).
-#[cfg(target_arch = "x86_64")]
-const AMX_MIN_GROUPS: usize = 2;
-
-/// Whole blocks of 32 rows from `rows` on AMX tiles; returns the first row left.
-#[cfg(target_arch = "x86_64")]
-fn amx_rows<'w>(
-    kernel: crate::quant::kquant::amx::KGemmAmxFn,
-    row: &impl Fn(usize) -> &'w [u8],
-    rows: std::ops::Range<usize>,
-    kgroups: &[Q8KGroup],
-    nb: usize,
-    n: usize,
-    write: &Sink,
-) -> usize {
-    use crate::quant::kquant::amx::{ROWS, TILE_ROWS};
-    let mut out = vec![[[[0f32; GROUP]; TILE_ROWS]; 2]; n.div_ceil(GROUP)];
-    let mut r = rows.start;
-    while r + ROWS <= rows.end {
-        let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
-        kernel(&w, kgroups, nb, &mut out);
-        for (g, group) in out.iter().enumerate() {
-            for (h, half) in group.iter().enumerate() {
-                // SAFETY: the AMX kernel exists only with AVX-512F.
-                unsafe { write.put_group16(r + TILE_ROWS * h, g, half, n) };
-            }
-        }
-        r += ROWS;
-    }
-    r
-}
 
 /// Tokens from which quantizing activations is split across the pool.
 const PARALLEL_QUANTIZE_TOKENS: usize = 16;

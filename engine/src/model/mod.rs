@@ -6,6 +6,7 @@
 
 pub mod decoder;
 pub mod linear;
+mod kquant_grouped;
 mod sink;
 pub mod llama;
 pub mod ops;
