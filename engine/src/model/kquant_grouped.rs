@@ -1,47 +1,69 @@
 //! Output rows of a K-quant layer on the grouped kernels (16 tokens a
-//! group): activations a few groups at a time, AMX tiles on whole blocks of
-//! 32 rows where they pay, then the AVX-512 VNNI kernels.
+//! group): AMX tiles on whole blocks of 32 rows, all groups at once, where
+//! they pay; the rest on the AVX-512 VNNI kernels, a few groups at a time.
 
 use super::sink::Sink;
 use crate::quant::gemm::GROUP;
 use crate::quant::kquant::gemm::{KGemmKernels, Q8KGroup};
 
-/// Bytes of activations the grouped K-quant kernels keep in each core's L2
-/// (every block of rows reads them all; 512 KiB leaves room for the weights
-/// on CPUs with 1 MiB of L2).
+/// Bytes of activations the VNNI kernels keep in each core's L2 (every
+/// block of 4 rows reads them all; 512 KiB leaves room for the weights on
+/// CPUs with 1 MiB of L2).
 const KGROUPS_L2_BYTES: usize = 512 * 1024;
 
 /// Groups of 16 tokens (`nb` super-blocks each) whose activations fit
-/// [`KGROUPS_L2_BYTES`]; at least 2, so the AMX kernel still takes them.
+/// [`KGROUPS_L2_BYTES`]; at least 2, the VNNI kernel's pair of groups
+/// sharing each weight word.
 fn groups_in_l2(nb: usize) -> usize {
     (KGROUPS_L2_BYTES / (nb.max(1) * std::mem::size_of::<Q8KGroup>())).max(2)
 }
 
 /// Output rows `rows` for all `n` tokens (`kgroups`: their groups, `nb`
-/// super-blocks each) on the grouped K-quant kernels. Every block of rows
-/// reads all the groups' activations, so they go a few groups at a time,
-/// as many as stay in the L2 (Q6_K 1536 × 8960 × 512 tokens: prefill 131–143
-/// → 179–184 tok/s on the Qwen2.5 1.5B). Not on AMX, which expands each
-/// weight super-block once for all the groups it is given: fewer would pay
-/// that more often (264 → 228 tok/s).
-pub(super) fn kquant_chunked<'w>(gemm: &KGemmKernels, row: &impl Fn(usize) -> &'w [u8], rows: std::ops::Range<usize>, kgroups: &[Q8KGroup], nb: usize, n: usize, write: &Sink) {
+/// super-blocks each) on the grouped K-quant kernels. AMX first, on whole
+/// blocks of 32 rows with all the groups (it expands each weight
+/// super-block once for all the groups it is given: chunks of 2 took the
+/// Qwen2.5 1.5B's prefill from 264 to 228 tok/s). The rows left go to the
+/// VNNI kernels, which read all the groups' activations for every 4 rows:
+/// as many groups at a time as stay in the L2 (that 1.5B's prefill without
+/// AMX: 131–143 → 180 tok/s, its down projection having 6 MB of
+/// activations at 512 tokens).
+pub(super) fn kquant_chunked<'w>(
+    gemm: &KGemmKernels,
+    row: &impl Fn(usize) -> &'w [u8],
+    rows: std::ops::Range<usize>,
+    kgroups: &[Q8KGroup],
+    nb: usize,
+    n: usize,
+    write: &Sink,
+) {
     let groups = n.div_ceil(GROUP);
+    #[allow(unused_mut)]
+    let mut r = rows.start;
     #[cfg(target_arch = "x86_64")]
-    let on_amx = gemm.amx.is_some() && groups >= AMX_MIN_GROUPS;
-    #[cfg(not(target_arch = "x86_64"))]
-    let on_amx = false;
-    let per_chunk = if on_amx { groups } else { groups_in_l2(nb) };
+    if let Some(amx) = gemm.amx.filter(|_| groups >= AMX_MIN_GROUPS) {
+        r = amx_rows(amx, row, r..rows.end, kgroups, nb, n, write);
+    }
+    let per_chunk = groups_in_l2(nb);
+    let mut four = vec![[[0f32; GROUP]; 4]; per_chunk];
+    let mut one = vec![[[0f32; GROUP]; 1]; per_chunk];
     for (c, chunk) in kgroups.chunks(per_chunk * nb).enumerate() {
-        kquant_grouped(gemm, row, rows.clone(), chunk, nb, c * per_chunk, n, write);
+        let len = chunk.len() / nb;
+        let out = VnniOut { four: &mut four[..len], one: &mut one[..len] };
+        vnni_rows(gemm, row, r..rows.end, chunk, nb, c * per_chunk, n, write, out);
     }
 }
 
+/// The VNNI kernels' result buffers, one entry per group of a chunk.
+struct VnniOut<'a> {
+    four: &'a mut [[[f32; GROUP]; 4]],
+    one: &'a mut [[[f32; GROUP]; 1]],
+}
+
 /// Output rows `rows` for the groups `kgroups` (`nb` super-blocks each,
-/// the first being group `first` of the `n` tokens) on the grouped K-quant
-/// kernels: AMX on whole blocks of 32 rows where it pays, then 4 rows at a
-/// time, then single rows.
+/// the first being group `first` of the `n` tokens) on the VNNI kernels: 4
+/// rows at a time, then single rows.
 #[allow(clippy::too_many_arguments)]
-fn kquant_grouped<'w>(
+fn vnni_rows<'w>(
     gemm: &KGemmKernels,
     row: &impl Fn(usize) -> &'w [u8],
     rows: std::ops::Range<usize>,
@@ -50,27 +72,21 @@ fn kquant_grouped<'w>(
     first: usize,
     n: usize,
     write: &Sink,
+    out: VnniOut,
 ) {
-    let groups = kgroups.len() / nb;
     let mut r = rows.start;
-    #[cfg(target_arch = "x86_64")]
-    if let Some(amx) = gemm.amx.filter(|_| groups >= AMX_MIN_GROUPS) {
-        r = amx_rows(amx, row, r..rows.end, kgroups, nb, first, n, write);
-    }
-    let mut four = vec![[[0f32; GROUP]; 4]; groups];
     while r + 4 <= rows.end {
-        (gemm.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], kgroups, nb, &mut four);
-        for (g, out) in four.iter().enumerate() {
-            write.put_group4(r, first + g, out, n);
+        (gemm.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], kgroups, nb, out.four);
+        for (g, four) in out.four.iter().enumerate() {
+            write.put_group4(r, first + g, four, n);
         }
         r += 4;
     }
-    let mut one = vec![[[0f32; GROUP]; 1]; groups];
     for r in r..rows.end {
-        (gemm.one)(row(r), kgroups, nb, &mut one);
-        for (g, out) in one.iter().enumerate() {
+        (gemm.one)(row(r), kgroups, nb, out.one);
+        for (g, one) in out.one.iter().enumerate() {
             let g = first + g;
-            for (lane, v) in out[0].iter().enumerate().take(n.saturating_sub(g * GROUP)) {
+            for (lane, v) in one[0].iter().enumerate().take(n.saturating_sub(g * GROUP)) {
                 write.put(r, g * GROUP + lane, *v);
             }
         }
@@ -83,22 +99,20 @@ fn kquant_grouped<'w>(
 #[cfg(target_arch = "x86_64")]
 const AMX_MIN_GROUPS: usize = 2;
 
-/// Whole blocks of 32 rows from `rows` on AMX tiles, for the groups
-/// `kgroups` (the first being group `first`); returns the first row left.
+/// Whole blocks of 32 rows from `rows` on AMX tiles, for all the groups
+/// `kgroups`; returns the first row left.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 fn amx_rows<'w>(
     kernel: crate::quant::kquant::amx::KGemmAmxFn,
     row: &impl Fn(usize) -> &'w [u8],
     rows: std::ops::Range<usize>,
     kgroups: &[Q8KGroup],
     nb: usize,
-    first: usize,
     n: usize,
     write: &Sink,
 ) -> usize {
     use crate::quant::kquant::amx::{ROWS, TILE_ROWS};
-    let mut out = vec![[[[0f32; GROUP]; TILE_ROWS]; 2]; kgroups.len() / nb];
+    let mut out = vec![[[[0f32; GROUP]; TILE_ROWS]; 2]; n.div_ceil(GROUP)];
     let mut r = rows.start;
     while r + ROWS <= rows.end {
         let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
@@ -106,7 +120,7 @@ fn amx_rows<'w>(
         for (g, group) in out.iter().enumerate() {
             for (h, half) in group.iter().enumerate() {
                 // SAFETY: the AMX kernel exists only with AVX-512F.
-                unsafe { write.put_group16(r + TILE_ROWS * h, first + g, half, n) };
+                unsafe { write.put_group16(r + TILE_ROWS * h, g, half, n) };
             }
         }
         r += ROWS;
@@ -128,15 +142,17 @@ mod tests {
         (*seed >> 33) as u32
     }
 
-    /// Activations too large for the L2 go through the grouped kernels a few
+    /// Activations too large for the L2 go through the VNNI kernels a few
     /// groups at a time (here 2, 2 and a partial 1 of 16 tokens, over 35
-    /// super-blocks); every result is still the one-token kernel's, bit for
-    /// bit, for rows taken 4 at a time and one at a time.
+    /// super-blocks); where the CPU has AMX, the first 32 rows take the
+    /// tiles with all groups and the 9 left the VNNI kernels. Every result
+    /// is still the one-token kernel's, bit for bit, for rows taken 32, 4
+    /// and one at a time.
     #[test]
     #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI")]
     fn grouped_k_quants_in_chunks_of_groups_equal_the_one_token_kernels() {
         let mut seed = 5u64;
-        let (nb, n, rows) = (35, 75, 9);
+        let (nb, n, rows) = (35, 75, 41);
         assert_eq!(groups_in_l2(nb), 2, "the activations of 5 groups over {nb} super-blocks must not fit at once");
         let cols = nb * QK_K;
         let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();
@@ -145,8 +161,7 @@ mod tests {
         let kgroups = interleave_k(&xq, n, nb);
         for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
             let ts = dtype.type_size();
-            let bytes: Vec<u8> = (0..rows * nb * ts).map(|_| lcg(&mut seed) as u8).collect();
-            let mut bytes = bytes;
+            let mut bytes: Vec<u8> = (0..rows * nb * ts).map(|_| lcg(&mut seed) as u8).collect();
             for b in bytes.chunks_exact_mut(ts) {
                 let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
                 b[at..at + 2].copy_from_slice(&half::f16::from_f32(0.004).to_bits().to_le_bytes());
@@ -155,13 +170,7 @@ mod tests {
                 }
             }
             let row = |r: usize| &bytes[r * nb * ts..(r + 1) * nb * ts];
-            // The VNNI kernels: AMX takes all the groups at once.
-            #[allow(unused_mut)]
-            let mut gemm = kgemm_kernels(dtype).expect("grouped kernels with VNNI");
-            #[cfg(target_arch = "x86_64")]
-            {
-                gemm.amx = None;
-            }
+            let gemm = kgemm_kernels(dtype).expect("grouped kernels with VNNI");
             let mut out = vec![f32::NAN; n * rows];
             let write = Sink { ptr: SendPtr(out.as_mut_ptr()), rows, tokens: n };
             kquant_chunked(&gemm, &row, 0..rows, &kgroups, nb, n, &write);

@@ -396,7 +396,6 @@ impl QuantizedInput {
     }
 }
 
-
 /// Tokens from which quantizing activations is split across the pool.
 const PARALLEL_QUANTIZE_TOKENS: usize = 16;
 

@@ -180,8 +180,9 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
     for b in 0..nb {
         for (row, wr) in rows.iter_mut().zip(&w) {
             let wb = &wr[b * F::BYTES..(b + 1) * F::BYTES];
-            // Few groups (batched decode) leave too little work per weight
-            // byte to hide its load: fetch a later super-block ahead.
+            // Few groups (batched decode, or prefill a chunk of groups at a
+            // time) leave too little work per weight byte to hide its
+            // load: fetch a later super-block ahead.
             if out.len() <= 2 {
                 prefetch_super_block(wr, b + PREFETCH_AHEAD, F::BYTES);
             }
