@@ -135,12 +135,8 @@ mod tests {
     use crate::model::SendPtr;
     use crate::quant::dequant::QK_K;
     use crate::quant::kquant::gemm::{interleave_k, kgemm_kernels};
+    use crate::quant::kquant::test_rows::{lcg, random_row};
     use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, Q8KBlock};
-
-    fn lcg(seed: &mut u64) -> u32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (*seed >> 33) as u32
-    }
 
     /// Activations too large for the L2 go through the VNNI kernels a few
     /// groups at a time (here 2, 2 and a partial 1 of 16 tokens, over 35
@@ -160,15 +156,8 @@ mod tests {
         quantize_row_q8k(&x, &mut xq);
         let kgroups = interleave_k(&xq, n, nb);
         for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+            let bytes: Vec<u8> = (0..rows).flat_map(|_| random_row(dtype, nb, None, &mut seed)).collect();
             let ts = dtype.type_size();
-            let mut bytes: Vec<u8> = (0..rows * nb * ts).map(|_| lcg(&mut seed) as u8).collect();
-            for b in bytes.chunks_exact_mut(ts) {
-                let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
-                b[at..at + 2].copy_from_slice(&half::f16::from_f32(0.004).to_bits().to_le_bytes());
-                if dtype == GgmlType::Q4K {
-                    b[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_bits().to_le_bytes());
-                }
-            }
             let row = |r: usize| &bytes[r * nb * ts..(r + 1) * nb * ts];
             let gemm = kgemm_kernels(dtype).expect("grouped kernels with VNNI");
             let mut out = vec![f32::NAN; n * rows];

@@ -304,12 +304,8 @@ pub(super) unsafe fn fold<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::kquant::test_rows::{lcg, random_row};
     use crate::quant::kquant::{kdot_kernels, quantize_row_q8k};
-
-    fn lcg(seed: &mut u64) -> u32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (*seed >> 33) as u32
-    }
 
     #[test]
     fn grouped_kernels_exist_exactly_with_vnni() {
@@ -338,21 +334,7 @@ mod tests {
             quantize_row_q8k(&x, &mut xq);
             let groups = interleave_k(&xq, n, nb);
             for dtype in types {
-                let ts = dtype.type_size();
-                let rows: Vec<Vec<u8>> = (0..4)
-                    .map(|_| {
-                        let mut w: Vec<u8> = (0..nb * ts).map(|_| lcg(&mut seed) as u8).collect();
-                        for b in w.chunks_exact_mut(ts) {
-                            let d = half::f16::from_f32(0.002 + (lcg(&mut seed) % 50) as f32 / 10000.0).to_bits().to_le_bytes();
-                            let at = if dtype == GgmlType::Q6K { 208 } else { 0 };
-                            b[at..at + 2].copy_from_slice(&d);
-                            if dtype != GgmlType::Q6K {
-                                b[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_bits().to_le_bytes());
-                            }
-                        }
-                        w
-                    })
-                    .collect();
+                let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, nb, None, &mut seed)).collect();
                 let one = kdot_kernels(dtype).expect("kernels").one;
                 let k = kgemm_kernels(dtype).expect("grouped kernels");
                 let ng = n.div_ceil(GROUP);

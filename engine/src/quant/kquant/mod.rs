@@ -269,6 +269,8 @@ pub mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod gemm;
+#[cfg(test)]
+pub(crate) mod test_rows;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
