@@ -1,7 +1,8 @@
 //! Tells the engine's tests which AVX-512 kernels the build machine can run,
 //! so that tests of kernels this CPU lacks are reported as ignored rather
 //! than passing without running (`cfg(host_avx512)`: AVX-512 F/BW;
-//! `cfg(host_avx512vnni)`: also VNNI, VL and AVX2/FMA/F16C).
+//! `cfg(host_avx512vnni)`: also VNNI, VL and AVX2/FMA/F16C; `cfg(host_amx)`:
+//! also AMX-INT8 and AVX-512 VBMI).
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
@@ -19,13 +20,14 @@ fn main() {
             "avx2" => std::is_x86_feature_detected!("avx2"),
             "fma" => std::is_x86_feature_detected!("fma"),
             "f16c" => std::is_x86_feature_detected!("f16c"),
+            "avx512vbmi" => std::is_x86_feature_detected!("avx512vbmi"),
             _ => false,
         };
         if has("avx512f") && has("avx512bw") {
             println!("cargo::rustc-cfg=host_avx512");
             if ["avx512vl", "avx512vnni", "avx2", "fma", "f16c"].into_iter().all(has) {
                 println!("cargo::rustc-cfg=host_avx512vnni");
-                if has_amx_int8() {
+                if has_amx_int8() && has("avx512vbmi") {
                     println!("cargo::rustc-cfg=host_amx");
                 }
             }

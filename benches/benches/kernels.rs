@@ -198,10 +198,30 @@ fn bench_kquant_decode_batch(c: &mut Criterion) {
                         out[0][0][0]
                     })
                 });
+                // The same weights on AMX tiles, 32 rows at a time (where the CPU has them).
+                #[cfg(target_arch = "x86_64")]
+                if let Some(amx) = g.amx {
+                    let mut out32 = vec![[[[0f32; GROUP]; 16]; 2]; tokens.div_ceil(GROUP)];
+                    group.bench_function(format!("{dtype:?}/amx"), |b| {
+                        b.iter(|| {
+                            let blocks: Vec<&[u8]> = weights.chunks_exact(32 * row_bytes).collect();
+                            for (i, block) in blocks.iter().enumerate() {
+                                let next = blocks.get(i + 1).map(|b| rows32(b, row_bytes));
+                                amx(&rows32(block, row_bytes), next.as_ref(), black_box(&groups), nb, &mut out32);
+                            }
+                            out32[0][0][0][0]
+                        })
+                    });
+                }
             }
         }
         group.finish();
     }
+}
+
+/// The 32 rows of `row_bytes` each that make up `block` (an AMX call's rows).
+fn rows32(block: &[u8], row_bytes: usize) -> [&[u8]; 32] {
+    std::array::from_fn(|r| &block[r * row_bytes..(r + 1) * row_bytes])
 }
 
 /// Prefill and batched decode: 16 to 512 tokens (1 to 32 groups of 16) through Qwen2.5-1.5B-shaped layers.
@@ -237,9 +257,10 @@ fn bench_kquant_prefill(c: &mut Criterion) {
             let mut out32 = vec![[[[0f32; GROUP]; 16]; 2]; tokens / GROUP];
             group.bench_function(format!("{dtype:?}/{rows}x{cols}/{tokens}tok/amx"), |b| {
                 b.iter(|| {
-                    for block in weights.chunks_exact(32 * row_bytes) {
-                        let w: [&[u8]; 32] = std::array::from_fn(|i| &block[i * row_bytes..(i + 1) * row_bytes]);
-                        amx(&w, black_box(&groups), nb, &mut out32);
+                    let blocks: Vec<&[u8]> = weights.chunks_exact(32 * row_bytes).collect();
+                    for (i, block) in blocks.iter().enumerate() {
+                        let next = blocks.get(i + 1).map(|b| rows32(b, row_bytes));
+                        amx(&rows32(block, row_bytes), next.as_ref(), black_box(&groups), nb, &mut out32);
                     }
                     out32[0][0][0][0]
                 })

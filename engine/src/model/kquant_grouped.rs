@@ -40,7 +40,7 @@ pub(super) fn kquant_chunked<'w>(
     #[allow(unused_mut)]
     let mut r = rows.start;
     #[cfg(target_arch = "x86_64")]
-    if let Some(amx) = gemm.amx.filter(|_| groups >= AMX_MIN_GROUPS) {
+    if let Some(amx) = gemm.amx.filter(|_| groups >= gemm.amx_min_groups) {
         r = amx_rows(amx, row, r..rows.end, kgroups, nb, n, write);
     }
     let per_chunk = groups_in_l2(nb);
@@ -93,12 +93,6 @@ fn vnni_rows<'w>(
     }
 }
 
-/// Groups of 16 tokens from which the AMX kernel takes K-quant rows: it
-/// expands each weight super-block once for all groups, which does not pay
-/// for one group (`cargo bench --bench kernels -- kquant_gemm`).
-#[cfg(target_arch = "x86_64")]
-const AMX_MIN_GROUPS: usize = 2;
-
 /// Whole blocks of 32 rows from `rows` on AMX tiles, for all the groups
 /// `kgroups`; returns the first row left.
 #[cfg(target_arch = "x86_64")]
@@ -116,7 +110,8 @@ fn amx_rows<'w>(
     let mut r = rows.start;
     while r + ROWS <= rows.end {
         let w: [&[u8]; ROWS] = std::array::from_fn(|i| row(r + i));
-        kernel(&w, kgroups, nb, &mut out);
+        let next: Option<[&[u8]; ROWS]> = (r + 2 * ROWS <= rows.end).then(|| std::array::from_fn(|i| row(r + ROWS + i)));
+        kernel(&w, next.as_ref(), kgroups, nb, &mut out);
         for (g, group) in out.iter().enumerate() {
             for (h, half) in group.iter().enumerate() {
                 // SAFETY: the AMX kernel exists only with AVX-512F.

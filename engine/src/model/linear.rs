@@ -221,7 +221,7 @@ impl Linear {
                 }
             }
             WeightData::Blocks { bytes, row_bytes, kgemm: Some(gemm), kquant, .. }
-                if precision == MatmulPrecision::Fast && !xq.kgroups.is_empty() && !prefers_rows4_tokens(kquant, n) =>
+                if precision == MatmulPrecision::Fast && !xq.kgroups.is_empty() && !prefers_rows4_tokens(kquant, gemm, n) =>
             {
                 let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
                 super::kquant_grouped::kquant_chunked(gemm, &row, rows, &xq.kgroups, cols / QK_K, n, write);
@@ -369,8 +369,24 @@ const GROUPED_MIN_TOKENS: usize = 8;
 /// AMD EPYC VM, 1 thread: at 8 tokens Q4_K 4.1 against 2.0 GiB/s of
 /// weights, Q6_K 5.9 against 2.5; at 16 about even, Q4_K 2.3 against 2.5,
 /// Q6_K 3.1 against 2.4). Types without one (Q5_K) keep the GEMM from 8.
-fn prefers_rows4_tokens(kernels: &Option<KDotKernels>, n: usize) -> bool {
-    n < 16 && kernels.is_some_and(|k| k.rows4_tokens.is_some())
+fn prefers_rows4_tokens(kernels: &Option<KDotKernels>, gemm: &KGemmKernels, n: usize) -> bool {
+    let grouped_from = if amx_from_one_group(gemm) { AMX_FROM_TOKENS } else { GROUP };
+    n < grouped_from && kernels.is_some_and(|k| k.rows4_tokens.is_some())
+}
+
+/// Tokens from which one (partial) group on AMX tiles beats the
+/// multi-token kernel, whose cost grows with the tokens while the tiles'
+/// does not (Q4_K, 256 MiB of weights, one thread: 46 ms for 8 tokens
+/// against ~61 ms on the tiles for any count up to 16;
+/// `cargo bench --bench kernels -- kquant_decode`).
+const AMX_FROM_TOKENS: usize = 11;
+
+/// Whether `gemm` runs one group of 16 tokens on AMX tiles.
+fn amx_from_one_group(gemm: &KGemmKernels) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return gemm.amx.is_some() && gemm.amx_min_groups <= 1;
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
 }
 
 impl QuantizedInput {
@@ -473,14 +489,21 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "needs AVX-512 VNNI (the grouped kernels)")]
     fn only_kquant_types_with_the_multi_token_kernel_skip_the_gemm_below_16_tokens() {
-        assert!(!prefers_rows4_tokens(&kdot_kernels(GgmlType::Q5K), 8), "Q5_K has no multi-token kernel: grouped GEMM from 8");
-        assert!(!prefers_rows4_tokens(&None, 8));
-        let q4k = kdot_kernels(GgmlType::Q4K);
-        assert!(!prefers_rows4_tokens(&q4k, 16), "from 16 tokens the grouped GEMM");
+        let gemm = kgemm_kernels(GgmlType::Q4K).expect("grouped kernels on a CPU with AVX-512 VNNI");
+        let (q4k, q6k) = (kdot_kernels(GgmlType::Q4K), kdot_kernels(GgmlType::Q6K));
+        assert!(!prefers_rows4_tokens(&kdot_kernels(GgmlType::Q5K), &gemm, 8), "Q5_K has no multi-token kernel: grouped GEMM from 8");
+        assert!(!prefers_rows4_tokens(&None, &gemm, 8));
+        assert!(!prefers_rows4_tokens(&q4k, &gemm, 16), "from 16 tokens the grouped GEMM");
         let has_many = q4k.is_some_and(|k| k.rows4_tokens.is_some());
-        assert_eq!(prefers_rows4_tokens(&q4k, 8), has_many);
-        assert_eq!(prefers_rows4_tokens(&q4k, 15), has_many);
+        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 8), has_many);
+        let tiles = amx_from_one_group(&gemm);
+        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 15), has_many && !tiles, "one group on tiles from {AMX_FROM_TOKENS} tokens");
+        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 10), has_many);
+        let gemm6 = kgemm_kernels(GgmlType::Q6K).expect("grouped kernels");
+        assert!(!amx_from_one_group(&gemm6), "Q6_K's tiles win from two groups");
+        assert_eq!(prefers_rows4_tokens(&q6k, &gemm6, 15), q6k.is_some_and(|k| k.rows4_tokens.is_some()));
     }
 
     #[test]

@@ -48,8 +48,14 @@ pub fn available() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         let off = std::env::var("SPINDLE_AMX").is_ok_and(|v| v == "0");
-        !off && cpu_has_amx_int8() && super::vnni::available() && request_tile_state()
+        !off && cpu_has_amx_int8() && super::vnni::available() && byte_permutes() && request_tile_state()
     })
+}
+
+/// AVX-512 VBMI and VL: the 256- and 512-bit `vpermb` of [`expand`]
+/// (every CPU with AMX has them).
+fn byte_permutes() -> bool {
+    std::is_x86_feature_detected!("avx512vbmi") && std::is_x86_feature_detected!("avx512vl")
 }
 
 /// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (EDX bit 25), and the
@@ -124,8 +130,24 @@ struct Expanded {
 #[repr(C, align(64))]
 struct Products([[[i32; GROUP]; 16]; 4]);
 
-/// [`ROWS`] rows of `F` times every group (as [`super::gemm::KGemmRows4Fn`], 32 rows).
-pub type KGemmAmxFn = fn(&[&[u8]; ROWS], &[Q8KGroup], usize, &mut [AmxOut]);
+/// [`ROWS`] rows of `F` times every group (as [`super::gemm::KGemmRows4Fn`],
+/// 32 rows); the second argument, when given, is the block of rows the
+/// caller passes next, fetched into the L2 meanwhile (the 32 rows' accesses,
+/// 32 strided streams, defeat the hardware prefetchers).
+pub type KGemmAmxFn = fn(&[&[u8]; ROWS], Option<&[&[u8]; ROWS]>, &[Q8KGroup], usize, &mut [AmxOut]);
+
+/// Groups of 16 tokens from which the AMX kernel of `dtype` beats the VNNI
+/// one. Q4_K/Q5_K expand a run of 32 values with one 32-entry `vpermb` per
+/// byte plane and win from one group (batched decode); Q6_K needs two
+/// 64-entry lookups per run pair and wins from two (`cargo bench --bench
+/// kernels -- "kquant_decode_16tok|kquant_gemm"`).
+pub fn min_groups(dtype: crate::gguf::types::GgmlType) -> usize {
+    use crate::gguf::types::GgmlType;
+    match dtype {
+        GgmlType::Q4K | GgmlType::Q5K => 1,
+        _ => 2,
+    }
+}
 
 /// The AMX kernel for a K-quant type, where [`available`].
 pub fn amx_kernel(dtype: crate::gguf::types::GgmlType) -> Option<KGemmAmxFn> {
@@ -136,11 +158,11 @@ pub fn amx_kernel(dtype: crate::gguf::types::GgmlType) -> Option<KGemmAmxFn> {
     }
     macro_rules! kernel {
         ($fmt:ty) => {
-            |w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out: &mut [AmxOut]| {
+            |w: &[&[u8]; ROWS], next: Option<&[&[u8]; ROWS]>, x: &[Q8KGroup], nb: usize, out: &mut [AmxOut]| {
                 super::gemm::check(w, x, nb, out.len(), <$fmt>::BYTES);
                 // SAFETY: AMX-INT8 with OS permission and AVX-512 VNNI/BW/F
                 // and AVX2/FMA/F16C were detected (`available`); shapes checked.
-                unsafe { amx_rows::<$fmt>(w, x, nb, out) }
+                unsafe { amx_rows::<$fmt>(w, next, x, nb, out) }
             }
         };
     }
@@ -157,8 +179,8 @@ pub fn amx_kernel(dtype: crate::gguf::types::GgmlType) -> Option<KGemmAmxFn> {
 /// # Safety
 /// The CPU must have AMX-INT8 with the OS's permission ([`available`]) and
 /// the target features below; `check` must have passed for these shapes.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn amx_rows<F: Format>(w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out: &mut [AmxOut]) {
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl,avx512vbmi")]
+unsafe fn amx_rows<F: Format>(w: &[&[u8]; ROWS], next: Option<&[&[u8]; ROWS]>, x: &[Q8KGroup], nb: usize, out: &mut [AmxOut]) {
     for o in out.iter_mut() {
         *o = [[[0.0; GROUP]; TILE_ROWS]; 2];
     }
@@ -168,29 +190,47 @@ unsafe fn amx_rows<F: Format>(w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out:
     // `tilerelease` across several `asm!` blocks: nothing else in this
     // process uses them, and the compiler never allocates them.
     unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
-    let unpacked = || Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 4], d: (0.0, 0.0) };
-    let mut rows: Box<[[Unpacked; TILE_ROWS]; 2]> = Box::new(std::array::from_fn(|_| std::array::from_fn(|_| unpacked())));
-    let mut expanded = Box::new(Expanded { lo: [[0; QK_K]; ROWS], hi: [[0; QK_K]; ROWS] });
-    let mut products = Box::new([Products([[[0; GROUP]; 16]; 4]), Products([[[0; GROUP]; 16]; 4])]);
+    with_scratch(|scratch| {
+        if let [one] = out {
+            // SAFETY: forwarded (the tiles are configured).
+            unsafe { one_group::<F>(w, next, x, nb, one, scratch) };
+        } else {
+            // SAFETY: forwarded (the tiles are configured).
+            unsafe { groups_each::<F>(w, next, x, nb, out, scratch) };
+        }
+    });
+    // SAFETY: returns the tile state to its initial (unused) state.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// Two or more groups (prefill): each super-block is expanded once; while
+/// the tiles multiply group g + 1, the vector units fold group g.
+///
+/// # Safety
+/// As [`amx_rows`], with the tiles configured ([`TileConfig::uniform`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl,avx512vbmi")]
+unsafe fn groups_each<F: Format>(
+    w: &[&[u8]; ROWS],
+    next: Option<&[&[u8]; ROWS]>,
+    x: &[Q8KGroup],
+    nb: usize,
+    out: &mut [AmxOut],
+    scratch: &mut Scratch,
+) {
+    let rows = &mut scratch.rows[0];
+    let expanded = &mut scratch.expanded[0];
+    let products = &mut scratch.products;
     let groups = out.len();
     for b in 0..nb {
-        for (r, wr) in w.iter().enumerate() {
-            // Few groups (batched decode) leave too little work per weight
-            // byte to hide its load: fetch a later super-block ahead.
-            if groups <= 2 {
-                super::gemm::prefetch_super_block(wr, b + super::gemm::PREFETCH_AHEAD, F::BYTES);
-            }
-            let row = &mut rows[r / TILE_ROWS][r % TILE_ROWS];
-            // SAFETY: `check` guarantees nb whole super-blocks in every row.
-            unsafe { expand::<F>(&wr[b * F::BYTES..(b + 1) * F::BYTES], row, &mut expanded.lo[r], &mut expanded.hi[r]) };
-        }
+        // SAFETY: forwarded.
+        unsafe { expand_rows::<F>(w, next, b, groups <= 2, rows, expanded) };
         // Software pipeline: while the tiles multiply group g + 1 (one
         // K-step at a time), the vector units fold group g (8 rows a step).
         let (first, rest) = products.split_at_mut(1);
         let mut buffers = [&mut first[0], &mut rest[0]];
         if groups > 0 {
             // SAFETY (all tile calls): the tiles are configured above.
-            unsafe { group_products(&expanded, &x[b], buffers[0]) };
+            unsafe { group_products(expanded, &x[b], buffers[0]) };
         }
         for g in 0..groups {
             let next = x.get((g + 1) * nb + b).filter(|_| g + 1 < groups);
@@ -202,7 +242,7 @@ unsafe fn amx_rows<F: Format>(w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out:
             for s in 0..STEPS {
                 if let Some(xn) = next {
                     // SAFETY: as above.
-                    unsafe { tiles_step(&expanded, xn, s) };
+                    unsafe { tiles_step(expanded, xn, s) };
                 }
                 // Step s folds rows 8s..8s + 8: quarter s % 2 of half s / 2.
                 let (half, upper) = (s / 2, s % 2 == 1);
@@ -222,8 +262,111 @@ unsafe fn amx_rows<F: Format>(w: &[&[u8]; ROWS], x: &[Q8KGroup], nb: usize, out:
             }
         }
     }
-    // SAFETY: returns the tile state to its initial (unused) state.
-    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// A thread's working buffers, allocated once: two sets of row metadata
+/// and expanded values (the one-group pipeline's double buffers; the
+/// grouped path uses the first) and two sets of products. Every field is
+/// written before it is read, so they are reused as they are.
+#[repr(C, align(64))]
+struct Scratch {
+    rows: [[[Unpacked; TILE_ROWS]; 2]; 2],
+    expanded: [Expanded; 2],
+    products: [Products; 2],
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Option<Box<Scratch>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` on this thread's [`Scratch`] (allocated zeroed on first use).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        // SAFETY: all-zero bytes are a valid Scratch (integers and floats only).
+        let scratch = slot.get_or_insert_with(|| unsafe { Box::<Scratch>::new_zeroed().assume_init() });
+        f(scratch)
+    })
+}
+
+/// Expands super-block `b` of the rows `w` into `rows` and `e`, fetching
+/// later bytes ahead (see [`amx_rows`]).
+///
+/// # Safety
+/// As [`amx_rows`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl,avx512vbmi")]
+unsafe fn expand_rows<F: Format>(
+    w: &[&[u8]; ROWS],
+    next: Option<&[&[u8]; ROWS]>,
+    b: usize,
+    few_groups: bool,
+    rows: &mut [[Unpacked; TILE_ROWS]; 2],
+    e: &mut Expanded,
+) {
+    for (r, wr) in w.iter().enumerate() {
+        // Few groups (batched decode) leave too little work per weight
+        // byte to hide its load: fetch a later super-block ahead.
+        if few_groups {
+            super::gemm::prefetch_super_block::<_MM_HINT_T0>(wr, b + super::gemm::PREFETCH_AHEAD, F::BYTES);
+        }
+        if let Some(next) = next {
+            super::gemm::prefetch_super_block::<_MM_HINT_T1>(next[r], b, F::BYTES);
+        }
+        let row = &mut rows[r / TILE_ROWS][r % TILE_ROWS];
+        // SAFETY: `check` guarantees nb whole super-blocks in every row.
+        unsafe { expand::<F>(&wr[b * F::BYTES..(b + 1) * F::BYTES], row, &mut e.lo[r], &mut e.hi[r]) };
+    }
+}
+
+/// One group (batched decode of up to 16 sequences): the tiles multiply
+/// super-block b while the vector units expand super-block b + 1, then
+/// its products are folded (double buffers for the expanded values and
+/// the row metadata).
+///
+/// # Safety
+/// As [`amx_rows`], with the tiles configured ([`TileConfig::uniform`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl,avx512vbmi")]
+unsafe fn one_group<F: Format>(
+    w: &[&[u8]; ROWS],
+    next: Option<&[&[u8]; ROWS]>,
+    x: &[Q8KGroup],
+    nb: usize,
+    out: &mut AmxOut,
+    scratch: &mut Scratch,
+) {
+    let Scratch { rows, expanded, products } = scratch;
+    let products = &mut products[0];
+    for b in 0..=nb {
+        if b < nb {
+            // SAFETY: forwarded.
+            unsafe { expand_rows::<F>(w, next, b, true, &mut rows[b % 2], &mut expanded[b % 2]) };
+        }
+        if b > 0 {
+            // SAFETY: the tiles hold super-block b − 1's products.
+            unsafe { tiles_store(products) };
+            let meta = &rows[(b - 1) % 2];
+            for s in 0..STEPS {
+                let (half, upper) = (s / 2, s % 2 == 1);
+                let m = if upper { meta[half].last_chunk::<FOLD_ROWS>() } else { meta[half].first_chunk::<FOLD_ROWS>() };
+                let o = if upper { out[half].last_chunk_mut::<FOLD_ROWS>() } else { out[half].first_chunk_mut::<FOLD_ROWS>() };
+                if let (Some(m), Some(o)) = (m, o) {
+                    let first = if upper { FOLD_ROWS } else { 0 };
+                    // SAFETY: as in the grouped kernel; `check` bounds b − 1 < nb.
+                    unsafe { fold_rows::<F>(m, products, half, first, &x[b - 1], o) };
+                }
+            }
+        }
+        if b < nb {
+            // SAFETY: the tiles are configured (caller).
+            unsafe {
+                tiles_zero();
+                for s in 0..STEPS {
+                    tiles_step(&expanded[b % 2], &x[b], s);
+                }
+            }
+        }
+    }
 }
 
 /// All K-steps of one group into `c` (the first group of a super-block,
@@ -275,34 +418,95 @@ unsafe fn fold_rows<F: Format>(
     unsafe { fold::<F, FOLD_ROWS>(rows, xg, tot, out) };
 }
 
+/// `w = u · sc` split into bytes (`[lo, hi][sc][u]`) for every 6-bit scale
+/// `sc` and 5-bit value `u` of Q4_K/Q5_K: one `vpermb` per byte plane and
+/// run of 32 values replaces widening, multiplying and narrowing.
+#[repr(C, align(64))]
+struct ByteTables<const S: usize, const U: usize>([[[u8; U]; S]; 2]);
+
+/// Q4_K/Q5_K: `u < 32`, `sc < 64`.
+static K4_TABLES: ByteTables<64, 32> = k4_tables();
+/// Q6_K: `w = (u − 32) · sc` for every 6-bit `u` and i8 scale (indexed by its byte).
+static K6_TABLES: ByteTables<256, 64> = k6_tables();
+
+const fn k4_tables() -> ByteTables<64, 32> {
+    let mut t = ByteTables([[[0; 32]; 64]; 2]);
+    let mut sc = 0;
+    while sc < 64 {
+        let mut u = 0;
+        while u < 32 {
+            let w = (sc * u) as i32;
+            t.0[0][sc][u] = w as u8;
+            t.0[1][sc][u] = (w >> 8) as u8;
+            u += 1;
+        }
+        sc += 1;
+    }
+    t
+}
+
+const fn k6_tables() -> ByteTables<256, 64> {
+    let mut t = ByteTables([[[0; 64]; 256]; 2]);
+    let mut byte = 0;
+    while byte < 256 {
+        let sc = byte as u8 as i8 as i32;
+        let mut u = 0;
+        while u < 64 {
+            let w = (u as i32 - 32) * sc;
+            t.0[0][byte][u] = w as u8;
+            t.0[1][byte][u] = (w >> 8) as u8;
+            u += 1;
+        }
+        byte += 1;
+    }
+    t
+}
+
 /// Expands one row's super-block: its d, dmin and mins into `row`, its
-/// scaled values into `lo`/`hi`.
+/// scaled values into `lo`/`hi` (by table lookup, [`ByteTables`]).
 ///
 /// # Safety
 /// `wb` must be one whole super-block of `F`; the CPU must have the target features below.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl,avx512vbmi")]
 unsafe fn expand<F: Format>(wb: &[u8], row: &mut Unpacked, lo: &mut [u8; QK_K], hi: &mut [u8; QK_K]) {
     // SAFETY: wb is one whole super-block (caller).
     row.d = unsafe { F::d(wb.as_ptr()) };
     let (scales, mins) = F::int_scales(wb);
     row.mins = std::array::from_fn(|p| pack_i16(mins[2 * p] as i16, mins[2 * p + 1] as i16));
-    let offset = _mm512_set1_epi16(if F::MINS { 0 } else { 32 });
     for k in 0..QK_K / 32 {
-        let scale = if F::SUB == 32 {
-            _mm512_set1_epi16(scales[k] as i16)
-        } else {
-            let low = _mm512_castsi256_si512(_mm256_set1_epi16(scales[2 * k] as i16));
-            _mm512_inserti64x4::<1>(low, _mm256_set1_epi16(scales[2 * k + 1] as i16))
-        };
         // SAFETY: wb is one whole super-block.
-        let u = _mm512_cvtepu8_epi16(unsafe { F::values(wb.as_ptr(), k) });
-        let wv = _mm512_mullo_epi16(_mm512_sub_epi16(u, offset), scale);
+        let u = unsafe { F::values(wb.as_ptr(), k) };
+        let (l, h) = if F::SUB == 32 {
+            // `scales[k] < 64` (6 bits), `u < 32`: one 32-entry table each.
+            let sc = scales[k] as usize & 63;
+            // SAFETY: 32-byte aligned rows of the static tables.
+            let (tl, th) = unsafe {
+                (
+                    _mm256_load_si256(K4_TABLES.0[0][sc].as_ptr() as *const __m256i),
+                    _mm256_load_si256(K4_TABLES.0[1][sc].as_ptr() as *const __m256i),
+                )
+            };
+            (_mm256_permutexvar_epi8(u, tl), _mm256_permutexvar_epi8(u, th))
+        } else {
+            // Two runs of 16 (scales 2k and 2k + 1), `u < 64`: the second
+            // run's lanes merge in from its own table.
+            let (a, b) = (scales[2 * k] as u8 as usize, scales[2 * k + 1] as u8 as usize);
+            let u = _mm512_zextsi256_si512(u);
+            let table = |plane: usize, s: usize| {
+                // SAFETY: 64-byte aligned rows of the static tables.
+                unsafe { _mm512_load_si512(K6_TABLES.0[plane][s].as_ptr() as *const __m512i) }
+            };
+            let pick = |plane: usize| {
+                let first = _mm512_permutexvar_epi8(u, table(plane, a));
+                _mm512_castsi512_si256(_mm512_mask_permutexvar_epi8(first, 0xFFFF_0000, u, table(plane, b)))
+            };
+            (pick(0), pick(1))
+        };
         // SAFETY: 32 bytes at 32k of 256-byte arrays.
         unsafe {
-            _mm256_storeu_si256(lo.as_mut_ptr().add(32 * k) as *mut __m256i, _mm512_cvtepi16_epi8(wv));
-            let high = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(wv));
-            _mm256_storeu_si256(hi.as_mut_ptr().add(32 * k) as *mut __m256i, high);
+            _mm256_storeu_si256(lo.as_mut_ptr().add(32 * k) as *mut __m256i, l);
+            _mm256_storeu_si256(hi.as_mut_ptr().add(32 * k) as *mut __m256i, h);
         }
     }
 }
@@ -415,7 +619,7 @@ mod tests {
                 let w: [&[u8]; ROWS] = std::array::from_fn(|r| rows[r].as_slice());
                 let kernel = amx_kernel(dtype).expect("an AMX kernel for every K-quant type");
                 let mut out = vec![[[[f32::NAN; GROUP]; TILE_ROWS]; 2]; n.div_ceil(GROUP)];
-                kernel(&w, &groups, nb, &mut out);
+                kernel(&w, None, &groups, nb, &mut out);
                 let one = kdot_kernels(dtype).expect("kernels").one;
                 for (r, wr) in rows.iter().enumerate() {
                     for t in 0..n {

@@ -90,6 +90,9 @@ pub struct KGemmKernels {
     /// 16 rows on AMX tiles, where the CPU and OS have them (bit-identical to `rows4`).
     #[cfg(target_arch = "x86_64")]
     pub amx: Option<super::amx::KGemmAmxFn>,
+    /// Groups of 16 tokens from which `amx` is faster than `rows4`.
+    #[cfg(target_arch = "x86_64")]
+    pub amx_min_groups: usize,
 }
 
 /// The grouped kernels for a K-quant type, where this CPU has AVX-512 VNNI.
@@ -122,6 +125,7 @@ pub fn kgemm_kernels(dtype: GgmlType) -> Option<KGemmKernels> {
                     unsafe { vnni_rows::<$fmt, 4>(w, x, nb, out) }
                 },
                 amx: super::amx::amx_kernel(dtype),
+                amx_min_groups: super::amx::min_groups(dtype),
             }
         };
     }
@@ -156,14 +160,15 @@ pub(super) struct Unpacked {
 #[cfg(target_arch = "x86_64")]
 pub(super) const PREFETCH_AHEAD: usize = 2;
 
-/// Prefetches super-block `b` (`bytes` long) of `row` into L1, if the row has it.
+/// Prefetches super-block `b` (`bytes` long) of `row` into L1
+/// (`_MM_HINT_T0`) or L2 (`_MM_HINT_T1`), if the row has it.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(super) fn prefetch_super_block(row: &[u8], b: usize, bytes: usize) {
+pub(super) fn prefetch_super_block<const HINT: i32>(row: &[u8], b: usize, bytes: usize) {
     if let Some(ahead) = row.get(b * bytes..(b + 1) * bytes) {
         for line in (0..bytes).step_by(64) {
             // SAFETY: a prefetch hint of an in-bounds address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line) as *const i8) };
+            unsafe { _mm_prefetch::<HINT>(ahead.as_ptr().add(line) as *const i8) };
         }
     }
 }
@@ -184,7 +189,7 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
             // time) leave too little work per weight byte to hide its
             // load: fetch a later super-block ahead.
             if out.len() <= 2 {
-                prefetch_super_block(wr, b + PREFETCH_AHEAD, F::BYTES);
+                prefetch_super_block::<_MM_HINT_T0>(wr, b + PREFETCH_AHEAD, F::BYTES);
             }
             // SAFETY: wb is one whole super-block; row.u holds 8 registers of 32 bytes.
             unsafe {
