@@ -27,6 +27,12 @@ pub trait Executor: Send {
     /// penalty histories): they finished, failed, were aborted or
     /// preempted. A later step sends them whole again.
     fn release(&mut self, _ids: &[crate::batch::SeqId]) {}
+    /// Sets aside what steps of up to `rows` tokens and `logit_rows`
+    /// logits rows need (the largest step the caller will send), so the
+    /// first such step does not pay for it. By default nothing.
+    fn reserve(&mut self, _rows: usize, _logit_rows: usize) -> Result<()> {
+        Ok(())
+    }
     /// The model's context window.
     fn context_length(&self) -> usize;
     /// The KV cache's shape: the scheduler allocates blocks of it.
@@ -156,6 +162,10 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 
     fn release(&mut self, ids: &[crate::batch::SeqId]) {
         (**self).release(ids);
+    }
+
+    fn reserve(&mut self, rows: usize, logit_rows: usize) -> Result<()> {
+        (**self).reserve(rows, logit_rows)
     }
 
     fn context_length(&self) -> usize {

@@ -129,10 +129,13 @@ impl SchedulerHandle {
         let loop_metrics = metrics.clone();
         let alive = Arc::new(AtomicBool::new(true));
         let guard = AliveGuard(alive.clone());
+        let largest = LargestStep::of(&config);
         std::thread::Builder::new()
             .name("spindle-step-loop".into())
             .spawn(move || {
                 let _guard = guard;
+                let mut runner = runner;
+                largest.reserve(&mut runner);
                 step_loop(scheduler, runner, rx, loop_metrics)
             })
             .map(|_| ())
@@ -246,6 +249,27 @@ fn step_loop(mut scheduler: Scheduler, mut runner: impl Executor, rx: mpsc::Rece
     }
 }
 
+/// The largest step a configuration allows: its token budget (at least
+/// one token per sequence) and one logits row per sequence.
+struct LargestStep {
+    rows: usize,
+    logit_rows: usize,
+}
+
+impl LargestStep {
+    fn of(config: &SchedulerConfig) -> Self {
+        Self { rows: config.max_num_batched_tokens.max(config.max_num_seqs), logit_rows: config.max_num_seqs }
+    }
+
+    /// Has the runner set aside what such a step needs before the first
+    /// request; a failure only leaves that step to allocate it later.
+    fn reserve(&self, runner: &mut impl Executor) {
+        if let Err(e) = runner.reserve(self.rows, self.logit_rows) {
+            tracing::warn!("could not set aside the workspace for {}-token steps: {e}", self.rows);
+        }
+    }
+}
+
 fn apply(scheduler: &mut Scheduler, cmd: Command) {
     match cmd {
         Command::Submit(seq) => scheduler.add(*seq),
@@ -279,6 +303,13 @@ fn run_step(scheduler: &mut Scheduler, runner: &mut impl Executor, metrics: &Met
         Err(e) => scheduler.fail(&step, &e.to_string()),
     }
     release(scheduler, runner);
-    metrics.record_step(started.elapsed(), step.plan.len());
+    let elapsed = started.elapsed();
+    tracing::debug!(
+        seqs = step.batch.seqs.len(),
+        tokens = step.batch.num_tokens(),
+        ms = elapsed.as_secs_f64() * 1e3,
+        "step"
+    );
+    metrics.record_step(elapsed, step.plan.len());
     true
 }

@@ -179,6 +179,10 @@ impl<B: Backend + 'static> Executor for Decoder<B> {
         Decoder::execute(self, batch)
     }
 
+    fn reserve(&mut self, rows: usize, logit_rows: usize) -> Result<()> {
+        self.backend.reserve_workspace(rows, logit_rows)
+    }
+
     fn context_length(&self) -> usize {
         self.config().context_length
     }

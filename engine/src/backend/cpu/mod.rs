@@ -37,6 +37,16 @@ impl std::fmt::Debug for Workspace<CpuBackend> {
     }
 }
 
+/// Writes every buffer of `ws` once: fresh allocations are pages the
+/// kernel has not mapped yet, and each first write would fault one in.
+fn touch_pages(ws: &mut Workspace<CpuBackend>) {
+    let Workspace { x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked, logits, .. } = ws;
+    for buffer in [x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked, logits] {
+        // Opaque, so the writes are not dropped as redundant after calloc.
+        std::hint::black_box(buffer.as_mut_slice()).fill(0.0);
+    }
+}
+
 /// One step's inputs on the CPU.
 #[derive(Debug)]
 pub struct CpuStep {
@@ -159,6 +169,17 @@ impl Backend for CpuBackend {
 
     fn logits_buffer(&self, rows: usize, vocab: usize) -> Result<Vec<f32>> {
         Ok(vec![0f32; rows * vocab])
+    }
+
+    fn reserve_workspace(&mut self, rows: usize, logit_rows: usize) -> Result<()> {
+        let Some(config) = self.config.clone() else {
+            return Ok(()); // no model attached yet: nothing to size
+        };
+        let old = self.workspace.take();
+        let mut ws = Workspace::reuse_or_grow(old, self, &config, rows, logit_rows)?;
+        touch_pages(&mut ws);
+        self.workspace = Some(ws);
+        Ok(())
     }
 
     fn run_step(&mut self, batch: &ForwardBatch, layout: StepLayout, rope: &Rope, _sampling: DeviceSampling<'_>, pass: &mut PassFn<'_, Self>) -> Result<StepLogits> {
@@ -342,5 +363,20 @@ mod tests {
         assert_eq!((ws.capacity, ws.logit_capacity), (8, 4), "grown to cover both the old and the new step");
         assert_eq!(ws.logits.len(), 4 * 100);
         assert!(ws.q_normed.is_empty(), "no per-head norm buffers for Llama");
+    }
+
+    #[test]
+    fn reserving_sizes_the_workspace_before_the_first_step_and_never_shrinks_it() {
+        let c = config();
+        let mut b = CpuBackend::default();
+        b.reserve_workspace(64, 4).unwrap();
+        assert!(b.workspace.is_none(), "without a model there is nothing to size");
+        b.allocate_kv(&c, KvSize::Blocks(2), 16).unwrap();
+        b.reserve_workspace(64, 4).unwrap();
+        let ws = b.workspace.as_ref().expect("a workspace before any step");
+        assert_eq!((ws.capacity, ws.logit_capacity, ws.gate.len(), ws.logits.len()), (64, 4, 64 * c.intermediate_size, 4 * 100));
+        b.reserve_workspace(8, 1).unwrap();
+        let ws = b.workspace.as_ref().expect("kept");
+        assert_eq!((ws.capacity, ws.logit_capacity), (64, 4), "a smaller reservation keeps the larger buffers");
     }
 }
