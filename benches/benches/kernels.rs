@@ -153,7 +153,7 @@ fn bench_kquant_decode_batch(c: &mut Criterion) {
     for tokens in [4usize, 8, 16] {
         let mut group = c.benchmark_group(format!("kquant_decode_{tokens}tok_256MiB"));
         group.sample_size(10);
-        for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        for dtype in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
             let Some(k) = kdot_kernels(dtype) else { continue };
             let row_bytes = nb * dtype.type_size();
             let rows = (256 << 20) / row_bytes / 4 * 4;
@@ -202,9 +202,9 @@ fn bench_kquant_decode_batch(c: &mut Criterion) {
                 #[cfg(target_arch = "x86_64")]
                 if let Some(amx) = g.amx {
                     let mut out32 = vec![[[[0f32; GROUP]; 16]; 2]; tokens.div_ceil(GROUP)];
+                    let blocks: Vec<&[u8]> = weights.chunks_exact(32 * row_bytes).collect();
                     group.bench_function(format!("{dtype:?}/amx"), |b| {
                         b.iter(|| {
-                            let blocks: Vec<&[u8]> = weights.chunks_exact(32 * row_bytes).collect();
                             for (i, block) in blocks.iter().enumerate() {
                                 let next = blocks.get(i + 1).map(|b| rows32(b, row_bytes));
                                 amx(&rows32(block, row_bytes), next.as_ref(), black_box(&groups), nb, &mut out32);
@@ -255,9 +255,9 @@ fn bench_kquant_prefill(c: &mut Criterion) {
         #[cfg(target_arch = "x86_64")]
         if let Some(amx) = k.amx {
             let mut out32 = vec![[[[0f32; GROUP]; 16]; 2]; tokens / GROUP];
+            let blocks: Vec<&[u8]> = weights.chunks_exact(32 * row_bytes).collect();
             group.bench_function(format!("{dtype:?}/{rows}x{cols}/{tokens}tok/amx"), |b| {
                 b.iter(|| {
-                    let blocks: Vec<&[u8]> = weights.chunks_exact(32 * row_bytes).collect();
                     for (i, block) in blocks.iter().enumerate() {
                         let next = blocks.get(i + 1).map(|b| rows32(b, row_bytes));
                         amx(&rows32(block, row_bytes), next.as_ref(), black_box(&groups), nb, &mut out32);

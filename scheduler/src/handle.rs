@@ -249,8 +249,9 @@ fn step_loop(mut scheduler: Scheduler, mut runner: impl Executor, rx: mpsc::Rece
     }
 }
 
-/// The largest step a configuration allows: its token budget (at least
-/// one token per sequence) and one logits row per sequence.
+/// The largest step a configuration allows: its token budget (a step never
+/// takes more tokens) and one logits row per sequence (no more than the
+/// tokens).
 struct LargestStep {
     rows: usize,
     logit_rows: usize,
@@ -258,11 +259,13 @@ struct LargestStep {
 
 impl LargestStep {
     fn of(config: &SchedulerConfig) -> Self {
-        Self { rows: config.max_num_batched_tokens.max(config.max_num_seqs), logit_rows: config.max_num_seqs }
+        let rows = config.max_num_batched_tokens;
+        Self { rows, logit_rows: config.max_num_seqs.min(rows) }
     }
 
     /// Has the runner set aside what such a step needs before the first
-    /// request; a failure only leaves that step to allocate it later.
+    /// request; an error from the runner only leaves that step to allocate
+    /// it later.
     fn reserve(&self, runner: &mut impl Executor) {
         if let Err(e) = runner.reserve(self.rows, self.logit_rows) {
             tracing::warn!("could not set aside the workspace for {}-token steps: {e}", self.rows);

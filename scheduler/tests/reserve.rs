@@ -34,9 +34,10 @@ impl Executor for Recording {
             .seqs
             .iter()
             .map(|s| match s.logits {
-                LogitsRequest::None => 0,
-                LogitsRequest::Last => 1,
+                // A sampling sequence gets its last row's logits whatever it asks.
+                LogitsRequest::None if s.sampling.is_none() => 0,
                 LogitsRequest::All => s.tokens.len(),
+                _ => 1,
             })
             .sum();
         let _ = self.0.send(Call::Step { tokens: batch.num_tokens(), logit_rows });

@@ -44,16 +44,18 @@ enum Command {
 }
 
 /// Has glibc's allocator keep freed blocks of up to 32 MiB in the heap
-/// (instead of mapping each one fresh and unmapping it when freed) and
-/// keep up to 512 MiB of freed heap: the per-matmul activation buffers of
-/// a prefill step (MBs each) are then reused pages, not page faults.
+/// (instead of mapping each one fresh and unmapping it when freed) and up
+/// to 128 MiB of freed heap per arena: the per-matmul activation buffers
+/// of a prefill step (MBs each) are then reused pages, not page faults.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tunables; called before the
-    // threads that allocate are started.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
+    {
+        // SAFETY: mallopt only changes allocator tunables; called before
+        // the threads that allocate are started.
+        let set = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20) == 1 };
+        if !set {
+            tracing::debug!("glibc refused the allocator tunables; freed buffers may be unmapped and faulted in again");
+        }
     }
 }
 

@@ -221,7 +221,7 @@ impl Linear {
                 }
             }
             WeightData::Blocks { bytes, row_bytes, kgemm: Some(gemm), kquant, .. }
-                if precision == MatmulPrecision::Fast && !xq.kgroups.is_empty() && !prefers_rows4_tokens(kquant, gemm, n) =>
+                if precision == MatmulPrecision::Fast && !xq.kgroups.is_empty() && !prefers_rows4_tokens(kquant, gemm, n, rows.len()) =>
             {
                 let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
                 super::kquant_grouped::kquant_chunked(gemm, &row, rows, &xq.kgroups, cols / QK_K, n, write);
@@ -363,14 +363,17 @@ struct QuantizedInput {
 /// Batches at least this large use the grouped (token-lane) kernel.
 const GROUPED_MIN_TOKENS: usize = 8;
 
-/// Whether a K-quant layer takes a batch of `n` tokens with its four-row
-/// multi-token kernel rather than the grouped GEMM: where it has one, below
-/// 16 tokens (`cargo bench --bench kernels -- 'kquant_decode_(8|16)tok'`,
-/// AMD EPYC VM, 1 thread: at 8 tokens Q4_K 4.1 against 2.0 GiB/s of
-/// weights, Q6_K 5.9 against 2.5; at 16 about even, Q4_K 2.3 against 2.5,
-/// Q6_K 3.1 against 2.4). Types without one (Q5_K) keep the GEMM from 8.
-fn prefers_rows4_tokens(kernels: &Option<KDotKernels>, gemm: &KGemmKernels, n: usize) -> bool {
-    let grouped_from = if amx_from_one_group(gemm) { AMX_FROM_TOKENS } else { GROUP };
+/// Whether a K-quant layer takes a batch of `n` tokens for a task of
+/// `task_rows` rows with its four-row multi-token kernel rather than the
+/// grouped GEMM: where it has one, below 16 tokens
+/// (`cargo bench --bench kernels -- 'kquant_decode_(8|16)tok'`, AMD EPYC
+/// VM, 1 thread: at 8 tokens Q4_K 4.1 against 2.0 GiB/s of weights, Q6_K
+/// 5.9 against 2.5; at 16 about even, Q4_K 2.3 against 2.5, Q6_K 3.1
+/// against 2.4), or below [`AMX_FROM_TOKENS`] where one group runs on AMX
+/// tiles and the task has a whole block of rows for them. Types without
+/// one (Q5_K) keep the GEMM from 8.
+fn prefers_rows4_tokens(kernels: &Option<KDotKernels>, gemm: &KGemmKernels, n: usize, task_rows: usize) -> bool {
+    let grouped_from = if amx_from_one_group(gemm, task_rows) { AMX_FROM_TOKENS } else { GROUP };
     n < grouped_from && kernels.is_some_and(|k| k.rows4_tokens.is_some())
 }
 
@@ -381,12 +384,17 @@ fn prefers_rows4_tokens(kernels: &Option<KDotKernels>, gemm: &KGemmKernels, n: u
 /// `cargo bench --bench kernels -- kquant_decode`).
 const AMX_FROM_TOKENS: usize = 11;
 
-/// Whether `gemm` runs one group of 16 tokens on AMX tiles.
-fn amx_from_one_group(gemm: &KGemmKernels) -> bool {
+/// Whether `gemm` runs one group of 16 tokens on AMX tiles for a task of
+/// `task_rows` rows (the tiles take whole blocks of 32; a smaller task
+/// would run its one group on the VNNI kernel).
+fn amx_from_one_group(gemm: &KGemmKernels, task_rows: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return gemm.amx.is_some() && gemm.amx_min_groups <= 1;
+    return gemm.amx.is_some() && gemm.amx_min_groups <= 1 && task_rows >= crate::quant::kquant::amx::ROWS;
     #[cfg(not(target_arch = "x86_64"))]
-    return false;
+    {
+        let _ = (gemm, task_rows);
+        false
+    }
 }
 
 impl QuantizedInput {
@@ -490,20 +498,21 @@ mod tests {
 
     #[test]
     #[cfg_attr(not(host_avx512vnni), ignore = "needs AVX-512 VNNI (the grouped kernels)")]
-    fn only_kquant_types_with_the_multi_token_kernel_skip_the_gemm_below_16_tokens() {
+    fn kquant_types_with_the_multi_token_kernel_skip_the_gemm_below_16_tokens_or_below_the_tiles() {
         let gemm = kgemm_kernels(GgmlType::Q4K).expect("grouped kernels on a CPU with AVX-512 VNNI");
         let (q4k, q6k) = (kdot_kernels(GgmlType::Q4K), kdot_kernels(GgmlType::Q6K));
-        assert!(!prefers_rows4_tokens(&kdot_kernels(GgmlType::Q5K), &gemm, 8), "Q5_K has no multi-token kernel: grouped GEMM from 8");
-        assert!(!prefers_rows4_tokens(&None, &gemm, 8));
-        assert!(!prefers_rows4_tokens(&q4k, &gemm, 16), "from 16 tokens the grouped GEMM");
+        assert!(!prefers_rows4_tokens(&kdot_kernels(GgmlType::Q5K), &gemm, 8, 64), "Q5_K has no multi-token kernel: grouped GEMM from 8");
+        assert!(!prefers_rows4_tokens(&None, &gemm, 8, 64));
+        assert!(!prefers_rows4_tokens(&q4k, &gemm, 16, 64), "from 16 tokens the grouped GEMM");
         let has_many = q4k.is_some_and(|k| k.rows4_tokens.is_some());
-        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 8), has_many);
-        let tiles = amx_from_one_group(&gemm);
-        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 15), has_many && !tiles, "one group on tiles from {AMX_FROM_TOKENS} tokens");
-        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 10), has_many);
+        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 8, 64), has_many);
+        let tiles = amx_from_one_group(&gemm, 64);
+        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 15, 64), has_many && !tiles, "one group on tiles from {AMX_FROM_TOKENS} tokens");
+        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 15, 31), has_many, "a task under 32 rows has no block for the tiles");
+        assert_eq!(prefers_rows4_tokens(&q4k, &gemm, 10, 64), has_many);
         let gemm6 = kgemm_kernels(GgmlType::Q6K).expect("grouped kernels");
-        assert!(!amx_from_one_group(&gemm6), "Q6_K's tiles win from two groups");
-        assert_eq!(prefers_rows4_tokens(&q6k, &gemm6, 15), q6k.is_some_and(|k| k.rows4_tokens.is_some()));
+        assert!(!amx_from_one_group(&gemm6, 64), "Q6_K's tiles win from two groups");
+        assert_eq!(prefers_rows4_tokens(&q6k, &gemm6, 15, 64), q6k.is_some_and(|k| k.rows4_tokens.is_some()));
     }
 
     #[test]
@@ -594,7 +603,8 @@ mod tests {
     /// Every token's outputs are bit-identical whatever the batch: one token
     /// alone (decode kernels), 2-3 tokens (four-row kernels), 4-7 (four-token
     /// kernels) and 8+ (grouped prefill kernels, 16 tokens a group; for
-    /// K-quants from 2 groups the AMX kernel where the CPU has it: the rows
+    /// K-quants the AMX kernel where the CPU has it, Q4_K/Q5_K from 11
+    /// tokens, Q6_K from 2 groups: the rows
     /// make tasks of 33 rows whatever the pool's size, 32 on the tiles and
     /// one on the grouped kernel).
     #[test]

@@ -40,7 +40,7 @@ impl std::fmt::Debug for Workspace<CpuBackend> {
 /// Writes every buffer of `ws` once: fresh allocations are pages the
 /// kernel has not mapped yet, and each first write would fault one in.
 fn touch_pages(ws: &mut Workspace<CpuBackend>) {
-    let Workspace { x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked, logits, .. } = ws;
+    let Workspace { capacity: _, logit_capacity: _, x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked, logits } = ws;
     for buffer in [x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked, logits] {
         // Opaque, so the writes are not dropped as redundant after calloc.
         std::hint::black_box(buffer.as_mut_slice()).fill(0.0);
@@ -172,11 +172,10 @@ impl Backend for CpuBackend {
     }
 
     fn reserve_workspace(&mut self, rows: usize, logit_rows: usize) -> Result<()> {
-        let Some(config) = self.config.clone() else {
+        let Some(config) = self.config.as_ref() else {
             return Ok(()); // no model attached yet: nothing to size
         };
-        let old = self.workspace.take();
-        let mut ws = Workspace::reuse_or_grow(old, self, &config, rows, logit_rows)?;
+        let mut ws = Workspace::reuse_or_grow(self.workspace.take(), self, config, rows, logit_rows)?;
         touch_pages(&mut ws);
         self.workspace = Some(ws);
         Ok(())

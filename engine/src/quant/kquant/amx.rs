@@ -1,4 +1,5 @@
-//! Prefill GEMM for K-quant weights on Intel AMX (AMX-INT8 tiles).
+//! Prefill and batched-decode GEMM for K-quant weights on Intel AMX
+//! (AMX-INT8 tiles).
 //!
 //! Same integers and the same float fold as the AVX-512 grouped kernel
 //! ([`super::gemm`]), so every result is bit-identical to it (and to the
@@ -21,6 +22,14 @@
 //! groups of 16 rows: 2.55 against 2.70 ms for 1536 × 1536 × 512 tokens,
 //! 21.4 against 28.3 ms for Q6_K 1536 × 8960). While the tiles work on the
 //! next group, the vector units fold the last one.
+//!
+//! The expansion is table lookups ([`ByteTables`]: the bytes of every
+//! `scale · value` product, one `vpermb` per byte plane and run), cheap
+//! enough that Q4_K/Q5_K pay from one group (batched decode of 11-16
+//! sequences; [`min_groups`]). With one group there is nothing to overlap
+//! the fold with, so the tiles of super-block b run while b + 1 is
+//! expanded instead. Each call also fetches the next block of 32 rows into
+//! the L2 (32 strided rows defeat the hardware prefetchers).
 //!
 //! Linux only: the process must ask the kernel for the tile state
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), done once by [`available`].
