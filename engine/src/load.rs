@@ -47,8 +47,9 @@ pub fn load_model(name_or_path: &str, progress: ProgressFn<'_>) -> Result<Loaded
     let location = resolve(name_or_path)?;
     match location.format {
         ModelFormat::Gguf => {
-            let file = GgufFile::open(&location.path)?;
+            let mut file = GgufFile::open(&location.path)?;
             let meta = gguf_meta(location, &file)?;
+            crate::open::move_to_huge_pages(&mut file);
             let model = LlamaModel::load_with_progress(meta.config.clone(), &file, WeightNaming::Gguf, progress)?;
             Ok(with_weights(meta, model))
         }

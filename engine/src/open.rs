@@ -190,7 +190,7 @@ impl ModelFiles {
     /// Loads the weights onto `device` (see [`open`]).
     pub fn open(self, device: Device, options: &EngineOptions, progress: Progress<'_>) -> Result<OpenedModel> {
         let resolved = resolve_device(device)?;
-        let Self { src, naming, meta } = self;
+        let Self { mut src, naming, meta } = self;
         if let Device::Cuda(ordinal) = resolved {
             match backend::cuda_executor(ordinal, &meta, src.as_ref(), naming, options, progress) {
                 Ok(executor) => {
@@ -203,10 +203,22 @@ impl ModelFiles {
                 Err(e) => return Err(e),
             }
         }
+        move_to_huge_pages(src.as_mut());
         let backend = CpuBackend::new(options.precision).with_kv_dtype(options.cpu_kv_dtype);
         let kv = options.kv_blocks.map_or(KvSize::Bytes(options.cpu_kv_bytes), KvSize::Blocks);
         let executor = assemble(backend, &meta, src.as_ref(), naming, kv, options, progress)?;
         Ok(OpenedModel { executor, meta, device: Device::Cpu })
+    }
+}
+
+/// Moves the CPU backend's weights into huge pages where the OS offers
+/// them ([`TensorSource::move_to_huge_pages`]); a failure keeps the file's
+/// map and is only worth a warning.
+pub(crate) fn move_to_huge_pages(src: &mut dyn TensorSource) {
+    match src.move_to_huge_pages() {
+        Ok(true) => tracing::debug!("weights copied into huge pages"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!("{e}; the weights stay in the file's memory map"),
     }
 }
 

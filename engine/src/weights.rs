@@ -56,6 +56,51 @@ pub trait TensorSource {
     fn tensor(&self, name: &str) -> Result<TensorView<'_>>;
     /// Whether a tensor called `name` exists.
     fn contains(&self, name: &str) -> bool;
+    /// Moves the tensor bytes into anonymous memory the OS may back with
+    /// transparent huge pages, before any tensor is taken, where asked
+    /// ([`huge_pages_offered`]): the CPU kernels stream every weight each
+    /// step, and with 4 KiB pages a TLB miss every 4 KiB cost batched
+    /// decode 12-15% (`cargo bench --bench kernels -- kquant_decode_16tok`,
+    /// Xeon VM). True if it moved them; by default nothing moves.
+    fn move_to_huge_pages(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+/// Whether weights should move to huge pages: `SPINDLE_HUGE_PAGES=1`, on
+/// Linux with transparent huge pages not set to `never`. Off by default:
+/// the copy leaves the file's shared map (one copy of the pages for every
+/// process serving the file), and where memory is fragmented the kernel
+/// may compact it at the first touch (10-15 s for 1 GB on a VM, once).
+pub fn huge_pages_offered() -> bool {
+    if !std::env::var("SPINDLE_HUGE_PAGES").is_ok_and(|v| v == "1") || !cfg!(target_os = "linux") {
+        return false;
+    }
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|mode| !mode.contains("[never]"))
+}
+
+/// Bytes copied between releases of the source's pages.
+const COPY_CHUNK: usize = 64 << 20;
+
+/// A read-only anonymous copy of the file map `map`, advised for huge
+/// pages. The map's pages are released as they are copied (they stay in
+/// the page cache), so the process holds at most one chunk twice.
+pub(crate) fn huge_page_copy(map: &memmap2::Mmap) -> std::io::Result<memmap2::Mmap> {
+    let mut copy = memmap2::MmapOptions::new().len(map.len().max(1)).map_anon()?;
+    #[cfg(target_os = "linux")]
+    // Advice only: where refused, the copy keeps small pages.
+    let _ = copy.advise(memmap2::Advice::HugePage);
+    for start in (0..map.len()).step_by(COPY_CHUNK) {
+        let end = (start + COPY_CHUNK).min(map.len());
+        copy[start..end].copy_from_slice(&map[start..end]);
+        #[cfg(unix)]
+        // SAFETY: a read-only shared map of a file: dropping its pages only
+        // unmaps them from this process (a later read faults them in again
+        // from the file with the same contents); `start` is a multiple of
+        // the chunk, so page-aligned.
+        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+    }
+    copy.make_read_only()
 }
 
 /// Memory whose bytes never move or change while it is alive: a memory map

@@ -132,6 +132,19 @@ impl GgufFile {
         Self::from_backing(Backing::Owned(bytes))
     }
 
+    /// [`TensorSource::move_to_huge_pages`] whatever the setting: only a
+    /// file's own map, and only while no tensor shares it.
+    fn copy_into_huge_pages(&mut self) -> Result<bool> {
+        let moved = match self.backing.as_ref() {
+            Backing::Mmap(map) if Arc::strong_count(&self.backing) == 1 => {
+                crate::weights::huge_page_copy(map).map_err(|e| EngineError::Backend(format!("copying the weights into huge pages: {e}")))?
+            }
+            _ => return Ok(false),
+        };
+        self.backing = Arc::new(Backing::Mmap(moved));
+        Ok(true)
+    }
+
     fn from_backing(backing: Backing) -> Result<Self> {
         let p = parse(backing.bytes())?;
         Ok(Self {
@@ -234,6 +247,13 @@ impl GgufFile {
 }
 
 impl TensorSource for GgufFile {
+    fn move_to_huge_pages(&mut self) -> Result<bool> {
+        if !crate::weights::huge_pages_offered() {
+            return Ok(false);
+        }
+        self.copy_into_huge_pages()
+    }
+
     fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
         let info = self
             .tensor_info(name)
@@ -490,6 +510,32 @@ mod tests {
         b.extend_from_slice(&0u64.to_le_bytes());
         let f = GgufFile::from_bytes(b);
         assert!(matches!(f.as_ref().map(GgufFile::version), Ok(3)), "{f:?}");
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_file_moved_into_huge_pages_keeps_its_tensors_and_a_shared_map_stays() {
+        let dir = std::env::temp_dir().join(format!("spindle-huge-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.gguf");
+        let data: Vec<u8> = (0..4096u32 * 3).map(|i| (i * 7 % 251) as u8).collect();
+        let mut w = crate::gguf::GgufWriter::new();
+        w.add_tensor("w", crate::gguf::types::GgmlType::Q8_0, &[341, 32], data[..34 * 341].to_vec()).unwrap();
+        w.write_to(&path).unwrap();
+        let mut file = GgufFile::open(&path).unwrap();
+        let before = file.tensor("w").unwrap().data.to_vec();
+        let old = file.tensor("w").unwrap().data.as_ptr();
+        assert!(file.copy_into_huge_pages().unwrap(), "a file's own map moves");
+        let after = file.tensor("w").unwrap();
+        assert_eq!(after.data, &before[..]);
+        assert_ne!(after.data.as_ptr(), old, "read from the copy");
+        let shared = after.shared.clone().expect("a view shares its bytes");
+        drop(after);
+        assert!(!file.copy_into_huge_pages().unwrap(), "not while a tensor shares the bytes");
+        assert_eq!(&shared[..], &before[..]);
+        let mut in_memory = GgufFile::from_bytes(std::fs::read(&path).unwrap()).unwrap();
+        assert!(!in_memory.copy_into_huge_pages().unwrap(), "an owned buffer stays");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
