@@ -217,6 +217,9 @@ impl ModelFiles {
 pub(crate) fn move_to_huge_pages(src: &mut dyn TensorSource) {
     match src.move_to_huge_pages() {
         Ok(true) => tracing::debug!("weights copied into huge pages"),
+        Ok(false) if std::env::var_os("SPINDLE_HUGE_PAGES").is_some_and(|v| v == "1") => {
+            tracing::info!("SPINDLE_HUGE_PAGES=1, but the weights stay where they are (not a GGUF file's own map, or no transparent huge pages here)")
+        }
         Ok(false) => {}
         Err(e) => tracing::warn!("{e}; the weights stay in the file's memory map"),
     }

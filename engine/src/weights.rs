@@ -60,8 +60,9 @@ pub trait TensorSource {
     /// transparent huge pages, before any tensor is taken, where asked
     /// ([`huge_pages_offered`]): the CPU kernels stream every weight each
     /// step, and with 4 KiB pages a TLB miss every 4 KiB cost batched
-    /// decode 12-15% (`cargo bench --bench kernels -- kquant_decode_16tok`,
-    /// Xeon VM). True if it moved them; by default nothing moves.
+    /// decode 12-15% on a Xeon VM (the `kquant_decode_16tok` kernel bench
+    /// with its weights advised for huge pages, README 2026-12-05). True if
+    /// it moved them; by default nothing moves.
     fn move_to_huge_pages(&mut self) -> Result<bool> {
         Ok(false)
     }
@@ -73,10 +74,15 @@ pub trait TensorSource {
 /// process serving the file), and where memory is fragmented the kernel
 /// may compact it at the first touch (10-15 s for 1 GB on a VM, once).
 pub fn huge_pages_offered() -> bool {
-    if !std::env::var("SPINDLE_HUGE_PAGES").is_ok_and(|v| v == "1") || !cfg!(target_os = "linux") {
-        return false;
-    }
-    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|mode| !mode.contains("[never]"))
+    let asked = std::env::var("SPINDLE_HUGE_PAGES").ok();
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok();
+    huge_pages_wanted(asked.as_deref(), mode.as_deref(), cfg!(target_os = "linux"))
+}
+
+/// [`huge_pages_offered`] from the variable's value, the kernel's
+/// transparent-huge-page mode (`always [madvise] never`) and the OS.
+fn huge_pages_wanted(asked: Option<&str>, thp_mode: Option<&str>, linux: bool) -> bool {
+    asked == Some("1") && linux && thp_mode.is_some_and(|mode| !mode.contains("[never]"))
 }
 
 /// Bytes copied between releases of the source's pages.
@@ -86,18 +92,24 @@ const COPY_CHUNK: usize = 64 << 20;
 /// pages. The map's pages are released as they are copied (they stay in
 /// the page cache), so the process holds at most one chunk twice.
 pub(crate) fn huge_page_copy(map: &memmap2::Mmap) -> std::io::Result<memmap2::Mmap> {
-    let mut copy = memmap2::MmapOptions::new().len(map.len().max(1)).map_anon()?;
+    huge_page_copy_in_chunks(map, COPY_CHUNK)
+}
+
+/// [`huge_page_copy`], releasing the map's pages every `chunk` bytes (a
+/// multiple of the page size).
+pub(crate) fn huge_page_copy_in_chunks(map: &memmap2::Mmap, chunk: usize) -> std::io::Result<memmap2::Mmap> {
+    let mut copy = memmap2::MmapOptions::new().len(map.len()).map_anon()?;
     #[cfg(target_os = "linux")]
     // Advice only: where refused, the copy keeps small pages.
     let _ = copy.advise(memmap2::Advice::HugePage);
-    for start in (0..map.len()).step_by(COPY_CHUNK) {
-        let end = (start + COPY_CHUNK).min(map.len());
+    for start in (0..map.len()).step_by(chunk.max(1)) {
+        let end = (start + chunk).min(map.len());
         copy[start..end].copy_from_slice(&map[start..end]);
         #[cfg(unix)]
         // SAFETY: a read-only shared map of a file: dropping its pages only
         // unmaps them from this process (a later read faults them in again
         // from the file with the same contents); `start` is a multiple of
-        // the chunk, so page-aligned.
+        // the chunk, so page-aligned (the map starts at the file's start).
         let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
     }
     copy.make_read_only()
@@ -204,6 +216,18 @@ impl std::fmt::Debug for WeightBytes {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn huge_pages_only_when_asked_on_linux_with_transparent_huge_pages() {
+        let madvise = Some("always [madvise] never\n");
+        assert!(huge_pages_wanted(Some("1"), madvise, true));
+        assert!(huge_pages_wanted(Some("1"), Some("[always] madvise never"), true));
+        assert!(!huge_pages_wanted(None, madvise, true), "off by default");
+        assert!(!huge_pages_wanted(Some("0"), madvise, true));
+        assert!(!huge_pages_wanted(Some("1"), Some("always madvise [never]"), true), "the kernel says never");
+        assert!(!huge_pages_wanted(Some("1"), None, true), "no transparent huge pages at all");
+        assert!(!huge_pages_wanted(Some("1"), madvise, false), "not Linux");
+    }
+
     use super::*;
 
     #[test]

@@ -134,11 +134,9 @@ impl GgufFile {
 
     /// [`TensorSource::move_to_huge_pages`] whatever the setting: only a
     /// file's own map, and only while no tensor shares it.
-    fn copy_into_huge_pages(&mut self) -> Result<bool> {
-        let moved = match self.backing.as_ref() {
-            Backing::Mmap(map) if Arc::strong_count(&self.backing) == 1 => {
-                crate::weights::huge_page_copy(map).map_err(|e| EngineError::Backend(format!("copying the weights into huge pages: {e}")))?
-            }
+    fn copy_into_huge_pages(&mut self, copy: impl FnOnce(&memmap2::Mmap) -> std::io::Result<memmap2::Mmap>) -> Result<bool> {
+        let moved = match Arc::get_mut(&mut self.backing) {
+            Some(Backing::Mmap(map)) => copy(map).map_err(|e| EngineError::Backend(format!("copying the weights into huge pages: {e}")))?,
             _ => return Ok(false),
         };
         self.backing = Arc::new(Backing::Mmap(moved));
@@ -251,7 +249,7 @@ impl TensorSource for GgufFile {
         if !crate::weights::huge_pages_offered() {
             return Ok(false);
         }
-        self.copy_into_huge_pages()
+        self.copy_into_huge_pages(crate::weights::huge_page_copy)
     }
 
     fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
@@ -515,9 +513,8 @@ mod tests {
     #[test]
     #[allow(clippy::unwrap_used)]
     fn a_file_moved_into_huge_pages_keeps_its_tensors_and_a_shared_map_stays() {
-        let dir = std::env::temp_dir().join(format!("spindle-huge-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.gguf");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.gguf");
         let data: Vec<u8> = (0..4096u32 * 3).map(|i| (i * 7 % 251) as u8).collect();
         let mut w = crate::gguf::GgufWriter::new();
         w.add_tensor("w", crate::gguf::types::GgmlType::Q8_0, &[341, 32], data[..34 * 341].to_vec()).unwrap();
@@ -525,17 +522,19 @@ mod tests {
         let mut file = GgufFile::open(&path).unwrap();
         let before = file.tensor("w").unwrap().data.to_vec();
         let old = file.tensor("w").unwrap().data.as_ptr();
-        assert!(file.copy_into_huge_pages().unwrap(), "a file's own map moves");
+        let len = std::fs::metadata(&path).unwrap().len() as usize;
+        assert!(len > 2 * 4096 && len % 4096 != 0, "several chunks and a partial one: {len}");
+        // In chunks of one page: the releases of the source cover every chunk and the tail.
+        assert!(file.copy_into_huge_pages(|map| crate::weights::huge_page_copy_in_chunks(map, 4096)).unwrap(), "a file's own map moves");
         let after = file.tensor("w").unwrap();
         assert_eq!(after.data, &before[..]);
         assert_ne!(after.data.as_ptr(), old, "read from the copy");
         let shared = after.shared.clone().expect("a view shares its bytes");
         drop(after);
-        assert!(!file.copy_into_huge_pages().unwrap(), "not while a tensor shares the bytes");
+        assert!(!file.copy_into_huge_pages(crate::weights::huge_page_copy).unwrap(), "not while a tensor shares the bytes");
         assert_eq!(&shared[..], &before[..]);
         let mut in_memory = GgufFile::from_bytes(std::fs::read(&path).unwrap()).unwrap();
-        assert!(!in_memory.copy_into_huge_pages().unwrap(), "an owned buffer stays");
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(!in_memory.copy_into_huge_pages(crate::weights::huge_page_copy).unwrap(), "an owned buffer stays");
     }
 
     #[test]
