@@ -523,7 +523,7 @@ mod tests {
         let before = file.tensor("w").unwrap().data.to_vec();
         let old = file.tensor("w").unwrap().data.as_ptr();
         let len = std::fs::metadata(&path).unwrap().len() as usize;
-        assert!(len > 2 * 4096 && len % 4096 != 0, "several chunks and a partial one: {len}");
+        assert!(len > 2 * 4096 && !len.is_multiple_of(4096), "several chunks and a partial one: {len}");
         // In chunks of one page: the releases of the source cover every chunk and the tail.
         assert!(file.copy_into_huge_pages(|map| crate::weights::huge_page_copy_in_chunks(map, 4096)).unwrap(), "a file's own map moves");
         let after = file.tensor("w").unwrap();
