@@ -203,15 +203,7 @@ fn bench_kquant_decode_batch(c: &mut Criterion) {
                 if let Some(amx) = g.amx {
                     let mut out32 = vec![[[[0f32; GROUP]; 16]; 2]; tokens.div_ceil(GROUP)];
                     let blocks: Vec<&[u8]> = weights.chunks_exact(32 * row_bytes).collect();
-                    group.bench_function(format!("{dtype:?}/amx"), |b| {
-                        b.iter(|| {
-                            for (i, block) in blocks.iter().enumerate() {
-                                let next = blocks.get(i + 1).map(|b| rows32(b, row_bytes));
-                                amx(&rows32(block, row_bytes), next.as_ref(), black_box(&groups), nb, &mut out32);
-                            }
-                            out32[0][0][0][0]
-                        })
-                    });
+                    group.bench_function(format!("{dtype:?}/amx"), |b| b.iter(|| amx_blocks(amx, &blocks, row_bytes, black_box(&groups), nb, &mut out32)));
                 }
             }
         }
@@ -220,8 +212,27 @@ fn bench_kquant_decode_batch(c: &mut Criterion) {
 }
 
 /// The 32 rows of `row_bytes` each that make up `block` (an AMX call's rows).
+#[cfg(target_arch = "x86_64")]
 fn rows32(block: &[u8], row_bytes: usize) -> [&[u8]; 32] {
     std::array::from_fn(|r| &block[r * row_bytes..(r + 1) * row_bytes])
+}
+
+/// Every block of 32 rows through the AMX kernel, each call told the next
+/// block (as the engine does); returns one result to keep the work alive.
+#[cfg(target_arch = "x86_64")]
+fn amx_blocks(
+    amx: spindle_engine::quant::kquant::amx::KGemmAmxFn,
+    blocks: &[&[u8]],
+    row_bytes: usize,
+    groups: &[spindle_engine::quant::kquant::gemm::Q8KGroup],
+    nb: usize,
+    out: &mut [spindle_engine::quant::kquant::amx::AmxOut],
+) -> f32 {
+    for (i, block) in blocks.iter().enumerate() {
+        let next = blocks.get(i + 1).map(|b| rows32(b, row_bytes));
+        amx(&rows32(block, row_bytes), next.as_ref(), groups, nb, out);
+    }
+    out[0][0][0][0]
 }
 
 /// Prefill and batched decode: 16 to 512 tokens (1 to 32 groups of 16) through Qwen2.5-1.5B-shaped layers.
@@ -257,13 +268,7 @@ fn bench_kquant_prefill(c: &mut Criterion) {
             let mut out32 = vec![[[[0f32; GROUP]; 16]; 2]; tokens / GROUP];
             let blocks: Vec<&[u8]> = weights.chunks_exact(32 * row_bytes).collect();
             group.bench_function(format!("{dtype:?}/{rows}x{cols}/{tokens}tok/amx"), |b| {
-                b.iter(|| {
-                    for (i, block) in blocks.iter().enumerate() {
-                        let next = blocks.get(i + 1).map(|b| rows32(b, row_bytes));
-                        amx(&rows32(block, row_bytes), next.as_ref(), black_box(&groups), nb, &mut out32);
-                    }
-                    out32[0][0][0][0]
-                })
+                b.iter(|| amx_blocks(amx, &blocks, row_bytes, black_box(&groups), nb, &mut out32))
             });
         }
     }

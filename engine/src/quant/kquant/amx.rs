@@ -253,16 +253,8 @@ unsafe fn groups_each<F: Format>(
                     // SAFETY: as above.
                     unsafe { tiles_step(expanded, xn, s) };
                 }
-                // Step s folds rows 8s..8s + 8: quarter s % 2 of half s / 2.
-                let (half, upper) = (s / 2, s % 2 == 1);
-                let meta = if upper { rows[half].last_chunk::<FOLD_ROWS>() } else { rows[half].first_chunk::<FOLD_ROWS>() };
-                let o = &mut out[g][half];
-                let o = if upper { o.last_chunk_mut::<FOLD_ROWS>() } else { o.first_chunk_mut::<FOLD_ROWS>() };
-                if let (Some(meta), Some(o)) = (meta, o) {
-                    let first = if upper { FOLD_ROWS } else { 0 };
-                    // SAFETY: as in the grouped kernel; `check` bounds g·nb + b.
-                    unsafe { fold_rows::<F>(meta, done, half, first, &x[g * nb + b], o) };
-                }
+                // SAFETY: as in the grouped kernel; `check` bounds g·nb + b.
+                unsafe { fold_quarter::<F>(rows, done, s, &x[g * nb + b], &mut out[g]) };
             }
             if next.is_some() {
                 // SAFETY: as above.
@@ -356,14 +348,8 @@ unsafe fn one_group<F: Format>(
             unsafe { tiles_store(products) };
             let meta = &rows[(b - 1) % 2];
             for s in 0..STEPS {
-                let (half, upper) = (s / 2, s % 2 == 1);
-                let m = if upper { meta[half].last_chunk::<FOLD_ROWS>() } else { meta[half].first_chunk::<FOLD_ROWS>() };
-                let o = if upper { out[half].last_chunk_mut::<FOLD_ROWS>() } else { out[half].first_chunk_mut::<FOLD_ROWS>() };
-                if let (Some(m), Some(o)) = (m, o) {
-                    let first = if upper { FOLD_ROWS } else { 0 };
-                    // SAFETY: as in the grouped kernel; `check` bounds b − 1 < nb.
-                    unsafe { fold_rows::<F>(m, products, half, first, &x[b - 1], o) };
-                }
+                // SAFETY: as in the grouped kernel; `check` bounds b − 1 < nb.
+                unsafe { fold_quarter::<F>(meta, products, s, &x[b - 1], out) };
             }
         }
         if b < nb {
@@ -397,6 +383,25 @@ unsafe fn group_products(e: &Expanded, xg: &Q8KGroup, c: &mut Products) {
 
 /// Rows folded after each K-step of the next group (a quarter of the rows).
 const FOLD_ROWS: usize = ROWS / STEPS;
+
+/// Folds quarter `s` of a group's products `c` into `out`: rows 8s..8s + 8,
+/// the lower or upper half of tile half s / 2.
+///
+/// # Safety
+/// As [`fold_rows`]; `s < STEPS`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+unsafe fn fold_quarter<F: Format>(rows: &[[Unpacked; TILE_ROWS]; 2], c: &Products, s: usize, xg: &Q8KGroup, out: &mut AmxOut) {
+    let (half, upper) = (s / 2, s % 2 == 1);
+    let meta = if upper { rows[half].last_chunk::<FOLD_ROWS>() } else { rows[half].first_chunk::<FOLD_ROWS>() };
+    let o = &mut out[half];
+    let o = if upper { o.last_chunk_mut::<FOLD_ROWS>() } else { o.first_chunk_mut::<FOLD_ROWS>() };
+    if let (Some(meta), Some(o)) = (meta, o) {
+        let first = if upper { FOLD_ROWS } else { 0 };
+        // SAFETY: forwarded (the caller's contract).
+        unsafe { fold_rows::<F>(meta, c, half, first, xg, o) };
+    }
+}
 
 /// Folds rows `16·half + first..` (`FOLD_ROWS` of them) of a group's
 /// products `c` into `out`: `tot = C_lo + 256·C_hi` per row, then the
