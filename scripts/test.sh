@@ -61,6 +61,8 @@ run_tests test -p spindle-engine --test qwen05_reference -- --ignored
 # Gemma 3 270M: its tokenizer against llama.cpp's, its logits and greedy
 # tokens against the numpy reference, and its sliding window in chunks.
 run_tests test -p spindle-engine --test gemma3_tokenizer --test gemma3_reference -- --ignored
+# Gemma 3 270M's fast-mode perplexity within 1% of exact mode's.
+run_tests test -p spindle-server --test perplexity_cli -- --ignored
 # The kernels crate with its CUDA kernels compiled and embedded, and the
 # engine's CUDA backend with its GPU-vs-CPU tests: the tests that need a GPU
 # are ignored here (cargo lists them as ignored; tools/gpu-check.sh runs them

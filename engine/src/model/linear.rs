@@ -56,6 +56,9 @@ pub struct Linear {
     cols: usize,
     data: WeightData,
     bias: Option<Vec<f32>>,
+    /// Whether fast mode also multiplies the input's quantization residual
+    /// (see [`Linear::refine_input`]).
+    refined: bool,
 }
 
 impl std::fmt::Debug for Linear {
@@ -109,13 +112,13 @@ impl Linear {
                 WeightData::Blocks { dtype, bytes, row_bytes, kernels, gemm, kquant, kgemm }
             }
         };
-        Ok(Self { rows, cols, data, bias: None })
+        Ok(Self { rows, cols, data, bias: None, refined: false })
     }
 
     /// Build from plain f32 values, row-major `[rows, cols]`.
     pub fn from_f32(values: Vec<f32>, rows: usize, cols: usize) -> Self {
         debug_assert_eq!(values.len(), rows * cols);
-        Self { rows, cols, data: WeightData::F32(values), bias: None }
+        Self { rows, cols, data: WeightData::F32(values), bias: None, refined: false }
     }
 
     /// Attach a bias of length `rows`.
@@ -129,6 +132,39 @@ impl Linear {
         }
         self.bias = Some(bias);
         Ok(self)
+    }
+
+    /// Makes fast mode multiply this layer's input in two passes, the
+    /// 8-bit quantized values and then their quantization residual (itself
+    /// quantized): about 15 bits of activation for twice the tokens, for
+    /// inputs whose outliers leave one 8-bit scale per block too coarse.
+    /// Every token's result still depends on that token alone.
+    pub fn refine_input(&mut self) {
+        self.refined = true;
+    }
+
+    /// Whether fast mode refines this layer's input: it is marked and
+    /// takes 8-bit activations.
+    fn refines(&self, precision: MatmulPrecision) -> bool {
+        self.refined && (self.takes_q8(precision) || self.takes_q8k(precision))
+    }
+
+    /// Appends `x`'s residual after 8-bit quantization the way this layer's
+    /// kernels quantize it (per 256 values for K-quants, per 32 otherwise).
+    fn push_residual(&self, x: &[f32], out: &mut Vec<f32>) {
+        if self.takes_q8k(MatmulPrecision::Fast) {
+            let mut blocks = vec![Q8KBlock::default(); x.len() / QK_K];
+            quantize_row_q8k(x, &mut blocks);
+            for (b, xb) in blocks.iter().zip(x.chunks_exact(QK_K)) {
+                out.extend(xb.iter().zip(&b.qs).map(|(v, &q)| v - b.d * f32::from(q)));
+            }
+        } else {
+            let mut blocks = vec![Q8Block::default(); x.len() / QK];
+            quantize_row_q8(x, &mut blocks);
+            for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
+                out.extend(xb.iter().zip(&b.qs).map(|(v, &q)| v - b.d * f32::from(q)));
+            }
+        }
     }
 
     /// Whether this layer's quantized bytes are `other`'s (shared, not a copy).
@@ -456,6 +492,52 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
             return Err(EngineError::InvalidBatch("matmul shapes or buffers do not match".into()));
         }
     }
+    if jobs.iter().any(|j| j.layer.refines(precision)) {
+        for job in jobs.iter_mut() {
+            if job.layer.refines(precision) {
+                matmul_refined(job, x, n)?;
+            } else {
+                matmul_rows(std::slice::from_mut(job), x, n, precision)?;
+            }
+        }
+    } else {
+        matmul_rows(jobs, x, n, precision)?;
+    }
+    for job in jobs.iter_mut() {
+        if let Some(bias) = &job.layer.bias {
+            for row in job.out[..n * job.layer.rows].chunks_exact_mut(job.layer.rows) {
+                for (o, b) in row.iter_mut().zip(bias) {
+                    *o += b;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `job`'s layer (fast mode, input refined) over `n` tokens: the tokens and
+/// then their quantization residuals run as `2n` tokens of one matmul,
+/// and each token's output is the sum of its two (no bias).
+fn matmul_refined(job: &mut MatmulJob<'_>, x: &[f32], n: usize) -> Result<()> {
+    let (cols, rows) = (job.layer.cols, job.layer.rows);
+    let mut input = Vec::with_capacity(2 * n * cols);
+    input.extend_from_slice(&x[..n * cols]);
+    for xt in x[..n * cols].chunks_exact(cols) {
+        job.layer.push_residual(xt, &mut input);
+    }
+    let mut both = vec![0f32; 2 * n * rows];
+    matmul_rows(&mut [MatmulJob { layer: job.layer, out: &mut both }], &input, 2 * n, MatmulPrecision::Fast)?;
+    let (values, residuals) = both.split_at(n * rows);
+    for ((o, v), r) in job.out[..n * rows].iter_mut().zip(values).zip(residuals) {
+        *o = v + r;
+    }
+    Ok(())
+}
+
+/// The rows of every job for `n` tokens of `x` (shapes checked), without
+/// biases: one quantized input and one parallel region.
+fn matmul_rows(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: MatmulPrecision) -> Result<()> {
+    let Some(cols) = jobs.first().map(|j| j.layer.cols) else { return Ok(()) };
     let q8 = jobs.iter().any(|j| j.layer.takes_q8(precision));
     let q8k = jobs.iter().any(|j| j.layer.takes_q8k(precision));
     let xq = QuantizedInput::new(x, n, cols, q8, q8k);
@@ -473,17 +555,7 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
         let rows = layer.rows;
         let write = Sink { ptr: outs[i], rows, tokens: n };
         layer.compute_rows(start..(start + chunk).min(rows), x, &xq, n, precision, &write)
-    })?;
-    for job in jobs.iter_mut() {
-        if let Some(bias) = &job.layer.bias {
-            for row in job.out[..n * job.layer.rows].chunks_exact_mut(job.layer.rows) {
-                for (o, b) in row.iter_mut().zip(bias) {
-                    *o += b;
-                }
-            }
-        }
-    }
-    Ok(())
+    })
 }
 
 fn row_chunk(rows: usize) -> usize {
@@ -641,6 +713,60 @@ mod tests {
             for (a, b) in alone[0].iter().zip(&exact) {
                 assert!((a - b).abs() <= 0.02 * scale, "{dtype:?}: fast {a} vs exact {b}");
             }
+        }
+    }
+
+    /// Tokens alone and in batches of `batches` give bit-identical outputs.
+    fn assert_batch_invariant(layer: &Linear, x: &[f32], batches: &[usize], label: &str) {
+        let (rows, cols) = (layer.rows, layer.cols);
+        let alone = |t: usize| {
+            let mut out = vec![0f32; rows];
+            layer.forward(&x[t * cols..(t + 1) * cols], 1, &mut out, MatmulPrecision::Fast).expect("forward");
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        for &batch in batches {
+            let mut out = vec![0f32; batch * rows];
+            layer.forward(&x[..batch * cols], batch, &mut out, MatmulPrecision::Fast).expect("forward");
+            for t in 0..batch {
+                let got: Vec<u32> = out[t * rows..(t + 1) * rows].iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, alone(t), "{label}: token {t} in a batch of {batch}");
+            }
+        }
+    }
+
+    /// The largest |a - b| over two outputs.
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+    }
+
+    /// An input with outliers (one value in 97 is ±60, the rest in ±1, as
+    /// Gemma's `gelu(gate)·up`) leaves one 8-bit scale per block coarse; a
+    /// refined layer multiplies the residual too and lands far closer to
+    /// the exact product, still batch-invariant.
+    #[test]
+    fn a_refined_layer_resolves_inputs_with_outliers_and_stays_batch_invariant() {
+        let mut seed = 7u64;
+        let cols = 512;
+        for dtype in [GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q5_0] {
+            let threads = rayon::current_num_threads().max(1);
+            let rows = if crate::quant::kquant::is_kquant(dtype) { 33 * 4 * threads } else { 13 };
+            let mut layer = random_layer(dtype, rows, cols, &mut seed);
+            let n = 37;
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| if i % 97 == 0 { if i % 2 == 0 { 60.0 } else { -60.0 } } else { (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0 })
+                .collect();
+            let forward = |layer: &Linear, precision| {
+                let mut out = vec![0f32; n * rows];
+                layer.forward(&x, n, &mut out, precision).expect("forward");
+                out
+            };
+            let exact = forward(&layer, MatmulPrecision::Exact);
+            let plain = max_diff(&forward(&layer, MatmulPrecision::Fast), &exact);
+            layer.refine_input();
+            let refined = max_diff(&forward(&layer, MatmulPrecision::Fast), &exact);
+            assert!(refined * 16.0 < plain, "{dtype:?}: refined error {refined} against {plain} unrefined");
+            assert_eq!(max_diff(&forward(&layer, MatmulPrecision::Exact), &exact), 0.0, "{dtype:?}: exact mode is not refined");
+            assert_batch_invariant(&layer, &x, &[2, 3, 4, 8, 9, 16, 37], &format!("{dtype:?} refined"));
         }
     }
 

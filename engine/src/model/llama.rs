@@ -241,12 +241,18 @@ impl<B: Backend, T: Tensors> Loader<'_, B, T> {
         };
         let optional_norm = |wanted: bool, p: Part, len: usize| -> Result<Option<B::Vector>> { if wanted { Some(self.norm(&n(p), len)).transpose() } else { Ok(None) } };
         let ffn_norm = if c.post_norms() { Part::PreFfnNorm } else { Part::FfnNorm };
+        let mut wo = self.linear(&n(Part::O), h, q, None)?;
+        let mut down = self.linear(&n(Part::Down), h, ff, None)?;
+        if c.refines_output_projections() {
+            self.backend.refine_input(&mut wo);
+            self.backend.refine_input(&mut down);
+        }
         Ok(LlamaLayer {
             attn_norm: self.norm(&n(Part::AttnNorm), h)?,
             wq: self.linear(&n(Part::Q), q, h, bias(Part::Q, q)?)?,
             wk: self.linear(&n(Part::K), kv, h, bias(Part::K, kv)?)?,
             wv: self.linear(&n(Part::V), kv, h, bias(Part::V, kv)?)?,
-            wo: self.linear(&n(Part::O), h, q, None)?,
+            wo,
             q_norm: optional_norm(qk_norm, Part::QNorm, c.head_dim)?,
             k_norm: optional_norm(qk_norm, Part::KNorm, c.head_dim)?,
             ffn_norm: self.norm(&n(ffn_norm), h)?,
@@ -254,7 +260,7 @@ impl<B: Backend, T: Tensors> Loader<'_, B, T> {
             post_ffn_norm: optional_norm(c.post_norms(), Part::PostFfnNorm, h)?,
             gate: self.linear(&n(Part::Gate), ff, h, None)?,
             up: self.linear(&n(Part::Up), ff, h, None)?,
-            down: self.linear(&n(Part::Down), h, ff, None)?,
+            down,
         })
     }
 }

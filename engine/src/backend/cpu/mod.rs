@@ -132,6 +132,10 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn refine_input(&self, w: &mut Linear) {
+        w.refine_input();
+    }
+
     fn load_vector(&self, values: Vec<f32>) -> Result<Vec<f32>> {
         Ok(values)
     }
