@@ -6,9 +6,9 @@
 //! in GGUF ids mode, fixture `tests/fixtures/gemma3_270m_reference.json`).
 //! One prompt is longer than the window, so the local layers' masking is
 //! part of what is compared. Tolerances are SmolLM2's (see
-//! `smollm2_reference.rs`); fast mode meets them because the MLP output
-//! projection, whose input has outliers, refines its 8-bit activations
-//! (`Backend::refine_input`).
+//! `smollm2_reference.rs`); fast mode meets them because the attention and
+//! MLP output projections, whose inputs have outliers, refine their 8-bit
+//! activations (`Backend::refine_input`).
 //!
 //! The 253 MB file is not the default test model: `scripts/test.sh` fetches
 //! it, sets `SPINDLE_GEMMA3_GGUF` and runs these with `--ignored`.

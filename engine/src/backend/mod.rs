@@ -180,10 +180,11 @@ pub trait Backend: Sized + Send {
     /// Weights of a linear layer from a `[rows, cols]` tensor and its bias.
     fn load_linear(&self, t: &TensorView<'_>, rows: usize, cols: usize, bias: Option<Vec<f32>>) -> Result<Self::Weight>;
     /// Marks `w` as a layer whose input has outliers that one 8-bit scale
-    /// per block resolves badly (Gemma's MLP output projection reads
-    /// `gelu(gate)·up`): where activations are quantized to 8 bits, the
-    /// quantization residual is multiplied too (two passes, about 15 bits).
-    /// By default a no-op: backends whose activations are wider ignore it.
+    /// per block resolves badly (Gemma's attention and MLP output
+    /// projections; the latter reads `gelu(gate)·up`): where activations
+    /// are quantized to 8 bits, the quantization residual is multiplied too
+    /// (two passes, about 15 bits). By default a no-op: backends whose
+    /// activations are wider ignore it.
     fn refine_input(&self, _w: &mut Self::Weight) {}
     /// A norm's weights from f32 values.
     fn load_vector(&self, values: Vec<f32>) -> Result<Self::Vector>;

@@ -149,21 +149,14 @@ impl Linear {
         self.refined && (self.takes_q8(precision) || self.takes_q8k(precision))
     }
 
-    /// Appends `x`'s residual after 8-bit quantization the way this layer's
-    /// kernels quantize it (per 256 values for K-quants, per 32 otherwise).
-    fn push_residual(&self, x: &[f32], out: &mut Vec<f32>) {
+    /// `x`'s residual after 8-bit quantization into `out`, quantized the way
+    /// this layer's kernels quantize it (per 256 values for K-quants, per 32
+    /// otherwise).
+    fn residual_into(&self, x: &[f32], out: &mut [f32]) {
         if self.takes_q8k(MatmulPrecision::Fast) {
-            let mut blocks = vec![Q8KBlock::default(); x.len() / QK_K];
-            quantize_row_q8k(x, &mut blocks);
-            for (b, xb) in blocks.iter().zip(x.chunks_exact(QK_K)) {
-                out.extend(xb.iter().zip(&b.qs).map(|(v, &q)| v - b.d * f32::from(q)));
-            }
+            residual::<Q8KBlock>(x, out)
         } else {
-            let mut blocks = vec![Q8Block::default(); x.len() / QK];
-            quantize_row_q8(x, &mut blocks);
-            for (b, xb) in blocks.iter().zip(x.chunks_exact(QK)) {
-                out.extend(xb.iter().zip(&b.qs).map(|(v, &q)| v - b.d * f32::from(q)));
-            }
+            residual::<Q8Block>(x, out)
         }
     }
 
@@ -296,6 +289,48 @@ impl Linear {
             }
         }
         Ok(())
+    }
+}
+
+/// A block of 8-bit activations: how it is made and what it holds.
+trait ActivationBlock: Default + Clone {
+    /// Values per block.
+    const SIZE: usize;
+    /// Quantizes `x` into `out` (the kernels' own function).
+    fn quantize(x: &[f32], out: &mut [Self]);
+    /// The scale and the values (value = scale · q).
+    fn scale_and_values(&self) -> (f32, &[i8]);
+}
+
+impl ActivationBlock for Q8Block {
+    const SIZE: usize = QK;
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        quantize_row_q8(x, out)
+    }
+    fn scale_and_values(&self) -> (f32, &[i8]) {
+        (self.d, &self.qs)
+    }
+}
+
+impl ActivationBlock for Q8KBlock {
+    const SIZE: usize = QK_K;
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        quantize_row_q8k(x, out)
+    }
+    fn scale_and_values(&self) -> (f32, &[i8]) {
+        (self.d, &self.qs)
+    }
+}
+
+/// `out = x − dequantize(quantize(x))` in blocks of `B`.
+fn residual<B: ActivationBlock>(x: &[f32], out: &mut [f32]) {
+    let mut blocks = vec![B::default(); x.len() / B::SIZE];
+    B::quantize(x, &mut blocks);
+    for ((block, xb), ob) in blocks.iter().zip(x.chunks_exact(B::SIZE)).zip(out.chunks_exact_mut(B::SIZE)) {
+        let (d, qs) = block.scale_and_values();
+        for ((o, v), &q) in ob.iter_mut().zip(xb).zip(qs) {
+            *o = v - d * f32::from(q);
+        }
     }
 }
 
@@ -492,17 +527,12 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
             return Err(EngineError::InvalidBatch("matmul shapes or buffers do not match".into()));
         }
     }
-    if jobs.iter().any(|j| j.layer.refines(precision)) {
-        for job in jobs.iter_mut() {
-            if job.layer.refines(precision) {
-                matmul_refined(job, x, n)?;
-            } else {
-                matmul_rows(std::slice::from_mut(job), x, n, precision)?;
-            }
-        }
-    } else {
-        matmul_rows(jobs, x, n, precision)?;
+    let (refined, mut plain): (Vec<_>, Vec<_>) =
+        jobs.iter_mut().map(|j| MatmulJob { layer: j.layer, out: &mut *j.out }).partition(|j| j.layer.refines(precision));
+    for mut job in refined {
+        matmul_refined(&mut job, x, n)?;
     }
+    matmul_rows(&mut plain, x, n, precision)?;
     for job in jobs.iter_mut() {
         if let Some(bias) = &job.layer.bias {
             for row in job.out[..n * job.layer.rows].chunks_exact_mut(job.layer.rows) {
@@ -519,11 +549,15 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
 /// then their quantization residuals run as `2n` tokens of one matmul,
 /// and each token's output is the sum of its two (no bias).
 fn matmul_refined(job: &mut MatmulJob<'_>, x: &[f32], n: usize) -> Result<()> {
-    let (cols, rows) = (job.layer.cols, job.layer.rows);
-    let mut input = Vec::with_capacity(2 * n * cols);
-    input.extend_from_slice(&x[..n * cols]);
-    for xt in x[..n * cols].chunks_exact(cols) {
-        job.layer.push_residual(xt, &mut input);
+    let (cols, rows, layer) = (job.layer.cols, job.layer.rows, job.layer);
+    let mut input = vec![0f32; 2 * n * cols];
+    let (values, residuals) = input.split_at_mut(n * cols);
+    values.copy_from_slice(&x[..n * cols]);
+    let residual_of = |(out, xt): (&mut [f32], &[f32])| layer.residual_into(xt, out);
+    if n >= PARALLEL_QUANTIZE_TOKENS {
+        residuals.par_chunks_mut(cols).zip(values.par_chunks(cols)).for_each(residual_of);
+    } else {
+        residuals.chunks_mut(cols).zip(values.chunks(cols)).for_each(residual_of);
     }
     let mut both = vec![0f32; 2 * n * rows];
     matmul_rows(&mut [MatmulJob { layer: job.layer, out: &mut both }], &input, 2 * n, MatmulPrecision::Fast)?;
@@ -690,27 +724,13 @@ mod tests {
             let layer = random_layer(dtype, rows, cols, &mut seed);
             let n = 37;
             let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();
-            let alone: Vec<Vec<f32>> = (0..n)
-                .map(|t| {
-                    let mut out = vec![0f32; rows];
-                    layer.forward(&x[t * cols..(t + 1) * cols], 1, &mut out, MatmulPrecision::Fast).expect("forward");
-                    out
-                })
-                .collect();
-            for batch in [2, 3, 4, 7, 8, 9, 12, 15, 16, 21, 37] {
-                let mut out = vec![0f32; batch * rows];
-                layer.forward(&x[..batch * cols], batch, &mut out, MatmulPrecision::Fast).expect("forward");
-                for t in 0..batch {
-                    let got: Vec<u32> = out[t * rows..(t + 1) * rows].iter().map(|v| v.to_bits()).collect();
-                    let want: Vec<u32> = alone[t].iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(got, want, "{dtype:?}: token {t} in a batch of {batch}");
-                }
-            }
+            assert_batch_invariant(&layer, &x, &[2, 3, 4, 7, 8, 9, 12, 15, 16, 21, 37], &format!("{dtype:?}"));
             // And close to the exact (dequantized, f32) product.
-            let mut exact = vec![0f32; rows];
+            let (mut fast, mut exact) = (vec![0f32; rows], vec![0f32; rows]);
+            layer.forward(&x[..cols], 1, &mut fast, MatmulPrecision::Fast).expect("fast");
             layer.forward(&x[..cols], 1, &mut exact, MatmulPrecision::Exact).expect("exact");
             let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (a, b) in alone[0].iter().zip(&exact) {
+            for (a, b) in fast.iter().zip(&exact) {
                 assert!((a - b).abs() <= 0.02 * scale, "{dtype:?}: fast {a} vs exact {b}");
             }
         }
@@ -767,6 +787,13 @@ mod tests {
             assert!(refined * 16.0 < plain, "{dtype:?}: refined error {refined} against {plain} unrefined");
             assert_eq!(max_diff(&forward(&layer, MatmulPrecision::Exact), &exact), 0.0, "{dtype:?}: exact mode is not refined");
             assert_batch_invariant(&layer, &x, &[2, 3, 4, 8, 9, 16, 37], &format!("{dtype:?} refined"));
+            // In one call with a plain layer (as q/k/v share one), each
+            // gives what it gives alone.
+            let plain = random_layer(dtype, rows, cols, &mut seed);
+            let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            matmul_many(&mut [MatmulJob { layer: &plain, out: &mut a }, MatmulJob { layer: &layer, out: &mut b }], &x, n, MatmulPrecision::Fast).expect("matmul");
+            assert_eq!(a, forward(&plain, MatmulPrecision::Fast), "{dtype:?}: the plain layer beside a refined one");
+            assert_eq!(b, forward(&layer, MatmulPrecision::Fast), "{dtype:?}: the refined layer beside a plain one");
         }
     }
 

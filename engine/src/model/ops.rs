@@ -252,6 +252,17 @@ mod tests {
     }
 
     #[test]
+    fn gelu_tanh_vectorized_equals_the_portable_loop_bit_for_bit() {
+        let gate: Vec<f32> = (0..1003).map(|i| (i as f32 - 500.0) / 37.0).collect();
+        let up: Vec<f32> = (0..gate.len()).map(|i| 0.5 + (i % 5) as f32 / 4.0).collect();
+        let (mut fast, mut portable) = (vec![0f32; gate.len()], vec![0f32; gate.len()]);
+        gelu_tanh_mul(&mut fast, &gate, &up);
+        gelu_tanh_mul_lanes(&mut portable, &gate, &up);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&portable));
+    }
+
+    #[test]
     fn gelu_tanh_matches_known_values() {
         let gate = [0.0f32, 1.0, -1.0, 3.0];
         let mut out = [0f32; 4];
