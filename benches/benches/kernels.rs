@@ -10,7 +10,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use spindle_engine::gguf::types::GgmlType;
 use spindle_engine::quant::dot::{quantize_row_q8, Q8Block, QK};
 use spindle_engine::quant::gemm::{gemm_kernel, gemm_kernels, interleave, GROUP};
-use spindle_engine::quant::kquant::gemm::{interleave_k, kgemm_kernels};
+use spindle_engine::quant::kquant::gemm::{groups_in_l2, interleave_k, kgemm_kernels};
 use spindle_engine::quant::kquant::{kdot_kernels, quantize_row_q8k, Q8KBlock};
 use std::hint::black_box;
 
@@ -235,7 +235,8 @@ fn amx_blocks(
     out[0][0][0][0]
 }
 
-/// Prefill and batched decode: 16 to 512 tokens (1 to 32 groups of 16) through Qwen2.5-1.5B-shaped layers.
+/// Prefill and batched decode: 16 to 512 tokens (1 to 32 groups of 16) through Qwen2.5-1.5B-shaped layers;
+/// the VNNI kernel gets the groups a few at a time (`groups_in_l2`) and AMX all of them, as the engine does.
 fn bench_kquant_prefill(c: &mut Criterion) {
     let mut group = c.benchmark_group("kquant_gemm");
     group.sample_size(10);
@@ -251,13 +252,18 @@ fn bench_kquant_prefill(c: &mut Criterion) {
         let groups = interleave_k(&quantize_k(tokens, cols), tokens, nb);
         let mut out = vec![[[0f32; GROUP]; 4]; tokens / GROUP];
         group.throughput(Throughput::Elements((rows * cols * tokens) as u64));
+        // As the engine gives them: as many groups at a time as stay in the L2.
+        let per_chunk = groups_in_l2(nb) * nb;
         group.bench_function(format!("{dtype:?}/{rows}x{cols}/{tokens}tok"), |b| {
             b.iter(|| {
-                for four in weights.chunks_exact(4 * row_bytes) {
-                    let (a, rest) = four.split_at(row_bytes);
-                    let (b2, rest) = rest.split_at(row_bytes);
-                    let (c2, d) = rest.split_at(row_bytes);
-                    (k.rows4)([a, b2, c2, d], black_box(&groups), nb, &mut out);
+                for chunk in black_box(&groups).chunks(per_chunk) {
+                    let out = &mut out[..chunk.len() / nb];
+                    for four in weights.chunks_exact(4 * row_bytes) {
+                        let (a, rest) = four.split_at(row_bytes);
+                        let (b2, rest) = rest.split_at(row_bytes);
+                        let (c2, d) = rest.split_at(row_bytes);
+                        (k.rows4)([a, b2, c2, d], chunk, nb, out);
+                    }
                 }
                 out[0][0][0]
             })

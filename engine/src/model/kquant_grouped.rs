@@ -4,19 +4,7 @@
 
 use super::sink::Sink;
 use crate::quant::gemm::GROUP;
-use crate::quant::kquant::gemm::{KGemmKernels, Q8KGroup};
-
-/// Bytes of activations the VNNI kernels keep in each core's L2 (every
-/// block of 4 rows reads them all; 512 KiB leaves room for the weights on
-/// CPUs with 1 MiB of L2).
-const KGROUPS_L2_BYTES: usize = 512 * 1024;
-
-/// Groups of 16 tokens (`nb` super-blocks each) whose activations fit
-/// [`KGROUPS_L2_BYTES`]; at least 2, the VNNI kernel's pair of groups
-/// sharing each weight word.
-fn groups_in_l2(nb: usize) -> usize {
-    (KGROUPS_L2_BYTES / (nb.max(1) * std::mem::size_of::<Q8KGroup>())).max(2)
-}
+use crate::quant::kquant::gemm::{groups_in_l2, KGemmKernels, Q8KGroup};
 
 /// Output rows `rows` for all `n` tokens (`kgroups`: their groups, `nb`
 /// super-blocks each) on the grouped K-quant kernels. AMX first, on whole

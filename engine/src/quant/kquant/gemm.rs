@@ -71,6 +71,18 @@ pub(super) fn pack_i16(lo: i16, hi: i16) -> i32 {
     (lo as u16 as u32 | (hi as u16 as u32) << 16) as i32
 }
 
+/// Bytes of activations the VNNI kernels should be given at a time, to keep
+/// them in each core's L2 (every block of 4 rows reads them all; 512 KiB
+/// leaves room for the weights on CPUs with 1 MiB of L2).
+const KGROUPS_L2_BYTES: usize = 512 * 1024;
+
+/// Groups of 16 tokens (`nb` super-blocks each) whose activations fit
+/// [`KGROUPS_L2_BYTES`]: how many to give the VNNI kernels at a time; at
+/// least 2, their pair of groups sharing each weight word.
+pub fn groups_in_l2(nb: usize) -> usize {
+    (KGROUPS_L2_BYTES / (nb.max(1) * std::mem::size_of::<Q8KGroup>())).max(2)
+}
+
 /// Four weight rows times every group of 16 tokens: `x` holds the groups
 /// group-major (`nb` super-blocks each), `out[g][r]` receives row `r`'s
 /// results for group `g` (`out.len()` groups). Each weight super-block is
