@@ -24,18 +24,22 @@ fn perplexity(model: &str, precision: &str, ctx: usize) -> f64 {
     value.parse().unwrap_or_else(|e| panic!("{value:?}: {e}"))
 }
 
-#[test]
-fn the_fast_path_scores_within_one_percent_of_the_exact_path() {
-    let model = spindle_testenv::smollm2_gguf();
-    let model = model.to_str().unwrap();
-    let exact = perplexity(model, "exact", 256);
-    let fast = perplexity(model, "fast", 256);
-    println!("SmolLM2-135M Q4_1, ctx 256: exact {exact:.4}, fast {fast:.4}");
-    // A 135M model on well-known English prose: far better than chance,
-    // far from certain.
+/// Fast mode's perplexity on `model` over chunks of `ctx` tokens within 1%
+/// of exact mode's, which must be far better than chance and far from
+/// certain on well-known English prose.
+fn assert_fast_within_one_percent_of_exact(model: &str, ctx: usize, label: &str) {
+    let exact = perplexity(model, "exact", ctx);
+    let fast = perplexity(model, "fast", ctx);
+    println!("{label}, ctx {ctx}: exact {exact:.4}, fast {fast:.4}");
     assert!((1.5..100.0).contains(&exact), "exact perplexity {exact}");
     let gap = (fast - exact).abs() / exact;
     assert!(gap < 0.01, "fast {fast:.4} vs exact {exact:.4}: {:.2}% apart", gap * 100.0);
+}
+
+#[test]
+fn the_fast_path_scores_within_one_percent_of_the_exact_path() {
+    let model = spindle_testenv::smollm2_gguf();
+    assert_fast_within_one_percent_of_exact(model.to_str().unwrap(), 256, "SmolLM2-135M Q4_1");
 }
 
 /// Gemma 3's attention and MLP output projections read outliers that one
@@ -46,11 +50,5 @@ fn the_fast_path_scores_within_one_percent_of_the_exact_path() {
 #[ignore = "needs the 253 MB Gemma 3 270M file (SPINDLE_GEMMA3_GGUF; scripts/test.sh runs it)"]
 fn gemma3_fast_path_scores_within_one_percent_of_the_exact_path() {
     let model = spindle_testenv::required_file("SPINDLE_GEMMA3_GGUF", "the Gemma 3 270M GGUF", "export SPINDLE_GEMMA3_GGUF=$(scripts/fetch-model.sh --name gemma-3-270m | tail -n 1)");
-    let model = model.to_str().unwrap();
-    let exact = perplexity(model, "exact", 512);
-    let fast = perplexity(model, "fast", 512);
-    println!("Gemma 3 270M Q4_K_M, ctx 512: exact {exact:.4}, fast {fast:.4}");
-    assert!((1.5..100.0).contains(&exact), "exact perplexity {exact}");
-    let gap = (fast - exact).abs() / exact;
-    assert!(gap < 0.01, "fast {fast:.4} vs exact {exact:.4}: {:.2}% apart", gap * 100.0);
+    assert_fast_within_one_percent_of_exact(model.to_str().unwrap(), 512, "Gemma 3 270M Q4_K_M");
 }

@@ -145,19 +145,8 @@ impl Linear {
 
     /// Whether fast mode refines this layer's input: it is marked and
     /// takes 8-bit activations.
-    fn refines(&self, precision: MatmulPrecision) -> bool {
+    pub(super) fn refines(&self, precision: MatmulPrecision) -> bool {
         self.refined && (self.takes_q8(precision) || self.takes_q8k(precision))
-    }
-
-    /// `x`'s residual after 8-bit quantization into `out`, quantized the way
-    /// this layer's kernels quantize it (per 256 values for K-quants, per 32
-    /// otherwise).
-    fn residual_into(&self, x: &[f32], out: &mut [f32]) {
-        if self.takes_q8k(MatmulPrecision::Fast) {
-            residual::<Q8KBlock>(x, out)
-        } else {
-            residual::<Q8Block>(x, out)
-        }
     }
 
     /// Whether this layer's quantized bytes are `other`'s (shared, not a copy).
@@ -209,7 +198,7 @@ impl Linear {
     }
 
     /// Whether the fast path multiplies this layer with per-256 8-bit activations.
-    fn takes_q8k(&self, precision: MatmulPrecision) -> bool {
+    pub(super) fn takes_q8k(&self, precision: MatmulPrecision) -> bool {
         precision == MatmulPrecision::Fast && matches!(&self.data, WeightData::Blocks { kquant: Some(_), .. })
     }
 
@@ -289,48 +278,6 @@ impl Linear {
             }
         }
         Ok(())
-    }
-}
-
-/// A block of 8-bit activations: how it is made and what it holds.
-trait ActivationBlock: Default + Clone {
-    /// Values per block.
-    const SIZE: usize;
-    /// Quantizes `x` into `out` (the kernels' own function).
-    fn quantize(x: &[f32], out: &mut [Self]);
-    /// The scale and the values (value = scale · q).
-    fn scale_and_values(&self) -> (f32, &[i8]);
-}
-
-impl ActivationBlock for Q8Block {
-    const SIZE: usize = QK;
-    fn quantize(x: &[f32], out: &mut [Self]) {
-        quantize_row_q8(x, out)
-    }
-    fn scale_and_values(&self) -> (f32, &[i8]) {
-        (self.d, &self.qs)
-    }
-}
-
-impl ActivationBlock for Q8KBlock {
-    const SIZE: usize = QK_K;
-    fn quantize(x: &[f32], out: &mut [Self]) {
-        quantize_row_q8k(x, out)
-    }
-    fn scale_and_values(&self) -> (f32, &[i8]) {
-        (self.d, &self.qs)
-    }
-}
-
-/// `out = x − dequantize(quantize(x))` in blocks of `B`.
-fn residual<B: ActivationBlock>(x: &[f32], out: &mut [f32]) {
-    let mut blocks = vec![B::default(); x.len() / B::SIZE];
-    B::quantize(x, &mut blocks);
-    for ((block, xb), ob) in blocks.iter().zip(x.chunks_exact(B::SIZE)).zip(out.chunks_exact_mut(B::SIZE)) {
-        let (d, qs) = block.scale_and_values();
-        for ((o, v), &q) in ob.iter_mut().zip(xb).zip(qs) {
-            *o = v - d * f32::from(q);
-        }
     }
 }
 
@@ -492,7 +439,7 @@ impl QuantizedInput {
 }
 
 /// Tokens from which quantizing activations is split across the pool.
-const PARALLEL_QUANTIZE_TOKENS: usize = 16;
+pub(super) const PARALLEL_QUANTIZE_TOKENS: usize = 16;
 
 /// `quantize(x[t], out[t])` for every token `t` (`cols` values in, `nb`
 /// blocks out); prefill-sized inputs are split across the pool (each token's
@@ -527,12 +474,16 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
             return Err(EngineError::InvalidBatch("matmul shapes or buffers do not match".into()));
         }
     }
-    let (refined, mut plain): (Vec<_>, Vec<_>) =
-        jobs.iter_mut().map(|j| MatmulJob { layer: j.layer, out: &mut *j.out }).partition(|j| j.layer.refines(precision));
-    for mut job in refined {
-        matmul_refined(&mut job, x, n)?;
+    if jobs.iter().any(|j| j.layer.refines(precision)) {
+        let (refined, mut plain): (Vec<_>, Vec<_>) =
+            jobs.iter_mut().map(|j| MatmulJob { layer: j.layer, out: &mut *j.out }).partition(|j| j.layer.refines(precision));
+        for mut job in refined {
+            super::refine::matmul_refined(&mut job, x, n)?;
+        }
+        matmul_rows(&mut plain, x, n, precision)?;
+    } else {
+        matmul_rows(jobs, x, n, precision)?;
     }
-    matmul_rows(&mut plain, x, n, precision)?;
     for job in jobs.iter_mut() {
         if let Some(bias) = &job.layer.bias {
             for row in job.out[..n * job.layer.rows].chunks_exact_mut(job.layer.rows) {
@@ -545,32 +496,9 @@ pub fn matmul_many(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: M
     Ok(())
 }
 
-/// `job`'s layer (fast mode, input refined) over `n` tokens: the tokens and
-/// then their quantization residuals run as `2n` tokens of one matmul,
-/// and each token's output is the sum of its two (no bias).
-fn matmul_refined(job: &mut MatmulJob<'_>, x: &[f32], n: usize) -> Result<()> {
-    let (cols, rows, layer) = (job.layer.cols, job.layer.rows, job.layer);
-    let mut input = vec![0f32; 2 * n * cols];
-    let (values, residuals) = input.split_at_mut(n * cols);
-    values.copy_from_slice(&x[..n * cols]);
-    let residual_of = |(out, xt): (&mut [f32], &[f32])| layer.residual_into(xt, out);
-    if n >= PARALLEL_QUANTIZE_TOKENS {
-        residuals.par_chunks_mut(cols).zip(values.par_chunks(cols)).for_each(residual_of);
-    } else {
-        residuals.chunks_mut(cols).zip(values.chunks(cols)).for_each(residual_of);
-    }
-    let mut both = vec![0f32; 2 * n * rows];
-    matmul_rows(&mut [MatmulJob { layer: job.layer, out: &mut both }], &input, 2 * n, MatmulPrecision::Fast)?;
-    let (values, residuals) = both.split_at(n * rows);
-    for ((o, v), r) in job.out[..n * rows].iter_mut().zip(values).zip(residuals) {
-        *o = v + r;
-    }
-    Ok(())
-}
-
 /// The rows of every job for `n` tokens of `x` (shapes checked), without
 /// biases: one quantized input and one parallel region.
-fn matmul_rows(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: MatmulPrecision) -> Result<()> {
+pub(super) fn matmul_rows(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, precision: MatmulPrecision) -> Result<()> {
     let Some(cols) = jobs.first().map(|j| j.layer.cols) else { return Ok(()) };
     let q8 = jobs.iter().any(|j| j.layer.takes_q8(precision));
     let q8k = jobs.iter().any(|j| j.layer.takes_q8k(precision));

@@ -25,27 +25,42 @@ pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// about 2e-7) so the loop vectorizes: 8 lanes where the CPU has AVX2, the
 /// same bits either way (no fused operations).
 pub fn silu_mul(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    gated(out, gate, up, silu_times);
+}
+
+/// `silu(g) · u`.
+#[inline(always)]
+fn silu_times(g: f32, u: f32) -> f32 {
+    g / (1.0 + fast_exp(-g)) * u
+}
+
+/// `out[i] = f(gate[i], up[i])`, compiled with AVX2 where the CPU has it
+/// (so that `f`, a function item inlined into the loop, vectorizes); the
+/// same bits either way.
+#[inline(always)]
+fn gated<F: Fn(f32, f32) -> f32>(out: &mut [f32], gate: &[f32], up: &[f32], f: F) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() {
         // SAFETY: AVX2 was detected.
-        unsafe { silu_mul_avx2(out, gate, up) };
+        unsafe { gated_avx2(out, gate, up, f) };
         return;
     }
-    silu_mul_lanes(out, gate, up);
+    gated_lanes(out, gate, up, f);
 }
 
-/// [`silu_mul`]'s loop, compiled for the caller's target features.
+/// [`gated`]'s loop, compiled for the caller's target features.
 #[inline(always)]
-fn silu_mul_lanes(out: &mut [f32], gate: &[f32], up: &[f32]) {
+fn gated_lanes<F: Fn(f32, f32) -> f32>(out: &mut [f32], gate: &[f32], up: &[f32], f: F) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = g / (1.0 + fast_exp(-g)) * u;
+        *o = f(g, u);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn silu_mul_avx2(out: &mut [f32], gate: &[f32], up: &[f32]) {
-    silu_mul_lanes(out, gate, up);
+#[inline]
+unsafe fn gated_avx2<F: Fn(f32, f32) -> f32>(out: &mut [f32], gate: &[f32], up: &[f32], f: F) {
+    gated_lanes(out, gate, up, f);
 }
 
 /// `x[i] += y[i]`.
@@ -58,31 +73,16 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 /// `gelu_tanh(gate) · up` elementwise into `out` (the tanh approximation,
 /// as HF's `gelu_pytorch_tanh`), vectorized where the CPU allows.
 pub fn gelu_tanh_mul(out: &mut [f32], gate: &[f32], up: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::use_avx2() {
-        // SAFETY: AVX2 was detected.
-        unsafe { gelu_tanh_mul_avx2(out, gate, up) };
-        return;
-    }
-    gelu_tanh_mul_lanes(out, gate, up);
+    gated(out, gate, up, gelu_tanh_times);
 }
 
-/// [`gelu_tanh_mul`]'s loop, compiled for the caller's target features:
-/// `0.5·(1 + tanh(y))` is `1 / (1 + e^(-2y))`, and [`fast_exp`] (unlike
-/// libm's `tanhf`) vectorizes.
+/// `gelu_tanh(g) · u`: `0.5·(1 + tanh(y))` is `1 / (1 + e^(-2y))`, and
+/// [`fast_exp`] (unlike libm's `tanhf`) vectorizes.
 #[inline(always)]
-fn gelu_tanh_mul_lanes(out: &mut [f32], gate: &[f32], up: &[f32]) {
+fn gelu_tanh_times(g: f32, u: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
-        *o = g / (1.0 + fast_exp(-2.0 * inner)) * u;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn gelu_tanh_mul_avx2(out: &mut [f32], gate: &[f32], up: &[f32]) {
-    gelu_tanh_mul_lanes(out, gate, up);
+    let inner = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+    g / (1.0 + fast_exp(-2.0 * inner)) * u
 }
 
 /// Precomputed RoPE inverse frequencies for one model.
@@ -232,7 +232,7 @@ mod tests {
             assert!((f64::from(o) - want).abs() <= 1e-6 * want.abs() + 1e-30, "silu({g}) · {u}: {o} vs {want}");
         }
         let mut portable = vec![f32::NAN; gate.len()];
-        silu_mul_lanes(&mut portable, &gate, &up);
+        gated_lanes(&mut portable, &gate, &up, silu_times);
         assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 
@@ -257,7 +257,7 @@ mod tests {
         let up: Vec<f32> = (0..gate.len()).map(|i| 0.5 + (i % 5) as f32 / 4.0).collect();
         let (mut fast, mut portable) = (vec![0f32; gate.len()], vec![0f32; gate.len()]);
         gelu_tanh_mul(&mut fast, &gate, &up);
-        gelu_tanh_mul_lanes(&mut portable, &gate, &up);
+        gated_lanes(&mut portable, &gate, &up, gelu_tanh_times);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&fast), bits(&portable));
     }
