@@ -56,6 +56,9 @@ run_tests test --workspace --all-targets --no-fail-fast
 run_tests test -p spindle-server --test qwen_tools -- --ignored
 # A two-turn agent loop (call, function_call_output, final answer) on the 1.5B.
 run_tests test -p spindle-server --test qwen15_tool_loop -- --ignored
+# Sixteen sequences decoding together on the 1.5B's K-quant layers, bit for
+# bit as each alone.
+run_tests test -p spindle-engine --test batch_equivalence -- --ignored
 # Qwen2.5-Coder-0.5B's logits and greedy tokens against the numpy reference.
 run_tests test -p spindle-engine --test qwen05_reference -- --ignored
 # Gemma 3 270M: its tokenizer against llama.cpp's, its logits and greedy

@@ -64,3 +64,36 @@ fn mixed_batch_matches_each_sequence_alone() {
         assert_eq!(d, 0.0, "sequence {i}: logits differ by up to {d} between batched and alone (must be bit-identical)");
     }
 }
+
+/// Sixteen sequences decoding in one step (one group of 16 tokens: on the
+/// K-quant layers the grouped kernels, AMX tiles where the CPU has them)
+/// give each sequence exactly the logits it gets decoding alone (the
+/// one-token kernels). Qwen2.5-Coder-1.5B Q4_K_M: Q4_K and Q6_K layers.
+#[test]
+#[ignore = "needs Qwen2.5-Coder-1.5B Q4_K_M: scripts/test.sh fetches it and sets SPINDLE_QWEN15_GGUF"]
+fn sixteen_sequences_decoding_on_k_quants_match_each_alone() {
+    let path = spindle_testenv::required_file("SPINDLE_QWEN15_GGUF", "Qwen2.5-Coder-1.5B Q4_K_M", "scripts/fetch-model.sh --name qwen2.5-coder-1.5b-instruct");
+    let model = common::load_gguf(&path);
+    let seqs = 16usize;
+    let mut runner = ModelRunner::new(model, 2 * seqs, 16);
+    let mut alloc = BlockAllocator::new(2 * seqs);
+    // Prompts of 3 to 18 tokens: the decode step reads contexts of different lengths.
+    let prompts: Vec<Vec<u32>> = (0..seqs as u32).map(|s| (0..3 + s).map(|t| 100 + 37 * s + 11 * t).collect()).collect();
+    let mut tables: Vec<Vec<u32>> = vec![Vec::new(); seqs];
+    let mut alone = Vec::new();
+    for (p, table) in prompts.iter().zip(tables.iter_mut()) {
+        alloc.ensure(table, p.len(), 16).expect("blocks");
+        let (prefix, last) = p.split_at(p.len() - 1);
+        runner.execute(&ForwardBatch { seqs: vec![seq(prefix, 0, table)] }).expect("prefill");
+        let out = runner.execute(&ForwardBatch { seqs: vec![seq(last, prefix.len(), table)] }).expect("decode alone");
+        alone.push(out.seqs[0].logits.clone());
+    }
+    // All sixteen decode their last token again in one step (same position:
+    // the KV rows are overwritten with identical values).
+    let batch = ForwardBatch { seqs: prompts.iter().zip(&tables).map(|(p, t)| seq(&p[p.len() - 1..], p.len() - 1, t)).collect() };
+    let out = runner.execute(&batch).expect("batched decode");
+    for (i, want) in alone.iter().enumerate() {
+        let d = max_diff(&out.seqs[i].logits, want);
+        assert_eq!(d, 0.0, "sequence {i}: logits differ by up to {d} between the batch of {seqs} and alone (must be bit-identical)");
+    }
+}

@@ -3,7 +3,10 @@
 //! in fast mode, f32 in exact mode), and sampling on the host. Every op runs
 //! on the rayon pool.
 
+mod aligned;
 pub mod attention;
+
+pub use aligned::AlignedBuffer;
 
 use super::{Backend, DeviceSampling, KvGeometry, KvSize, LinearJob, PassFn, Presampled, StepLayout, StepLogits, Workspace};
 use crate::batch::ForwardBatch;
@@ -41,9 +44,10 @@ impl std::fmt::Debug for Workspace<CpuBackend> {
 /// kernel has not mapped yet, and each first write would fault one in.
 fn touch_pages(ws: &mut Workspace<CpuBackend>) {
     let Workspace { capacity: _, logit_capacity: _, x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked, logits } = ws;
-    for buffer in [x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked, logits] {
+    let buffers = [x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked].map(|b| &mut b[..]);
+    for buffer in buffers.into_iter().chain([logits.as_mut_slice()]) {
         // Opaque, so the writes are not dropped as redundant after calloc.
-        std::hint::black_box(buffer.as_mut_slice()).fill(0.0);
+        std::hint::black_box(buffer).fill(0.0);
     }
 }
 
@@ -114,7 +118,7 @@ impl CpuBackend {
 }
 
 impl Backend for CpuBackend {
-    type Tensor = Vec<f32>;
+    type Tensor = AlignedBuffer;
     type Weight = Linear;
     type Vector = Vec<f32>;
     type Logits = Vec<f32>;
@@ -167,8 +171,8 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn tensor(&self, rows: usize, width: usize) -> Result<Vec<f32>> {
-        Ok(vec![0f32; rows * width])
+    fn tensor(&self, rows: usize, width: usize) -> Result<AlignedBuffer> {
+        Ok(AlignedBuffer::zeroed(rows * width))
     }
 
     fn logits_buffer(&self, rows: usize, vocab: usize) -> Result<Vec<f32>> {
@@ -198,7 +202,7 @@ impl Backend for CpuBackend {
         Ok(StepLogits { logits: logits?, sampled: vec![Presampled::No; batch.seqs.len()] })
     }
 
-    fn embed(&self, out: &mut Vec<f32>, table: &Linear, step: &CpuStep, rows: usize) -> Result<()> {
+    fn embed(&self, out: &mut AlignedBuffer, table: &Linear, step: &CpuStep, rows: usize) -> Result<()> {
         let h = table.cols();
         for (r, &id) in step.layout.ids[..rows].iter().enumerate() {
             table.row_f32(id as usize, &mut out[r * h..(r + 1) * h])?;
@@ -206,7 +210,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn add_rms_norm(&self, out: &mut Vec<f32>, residual: Option<&mut Vec<f32>>, x: &Vec<f32>, weight: &Vec<f32>, rows: usize, width: usize, eps: f32) -> Result<()> {
+    fn add_rms_norm(&self, out: &mut AlignedBuffer, residual: Option<&mut AlignedBuffer>, x: &AlignedBuffer, weight: &Vec<f32>, rows: usize, width: usize, eps: f32) -> Result<()> {
         let n = rows * width;
         match residual {
             Some(r) => {
@@ -225,23 +229,23 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn linear_many(&self, x: &Vec<f32>, rows: usize, jobs: &mut [LinearJob<'_, Self>]) -> Result<()> {
-        let mut jobs: Vec<MatmulJob<'_>> = jobs.iter_mut().map(|(layer, out)| MatmulJob { layer, out: out.as_mut_slice() }).collect();
+    fn linear_many(&self, x: &AlignedBuffer, rows: usize, jobs: &mut [LinearJob<'_, Self>]) -> Result<()> {
+        let mut jobs: Vec<MatmulJob<'_>> = jobs.iter_mut().map(|(layer, out)| MatmulJob { layer, out: &mut out[..] }).collect();
         matmul_many(&mut jobs, x, rows, self.precision)
     }
 
-    fn rope(&self, x: &mut Vec<f32>, step: &CpuStep, rows: usize, heads: usize) -> Result<()> {
+    fn rope(&self, x: &mut AlignedBuffer, step: &CpuStep, rows: usize, heads: usize) -> Result<()> {
         rotate(&step.rope, &mut x[..rows * heads * step.rope.head_dim()], &step.angles, heads);
         Ok(())
     }
 
-    fn rope_local(&self, x: &mut Vec<f32>, step: &CpuStep, rows: usize, heads: usize) -> Result<()> {
+    fn rope_local(&self, x: &mut AlignedBuffer, step: &CpuStep, rows: usize, heads: usize) -> Result<()> {
         let (rope, angles) = step.local.as_ref().ok_or_else(|| EngineError::Backend("this model has no sliding-window layers".into()))?;
         rotate(rope, &mut x[..rows * heads * rope.head_dim()], angles, heads);
         Ok(())
     }
 
-    fn kv_write(&mut self, layer: usize, k: &Vec<f32>, v: &Vec<f32>, step: &CpuStep, rows: usize) -> Result<()> {
+    fn kv_write(&mut self, layer: usize, k: &AlignedBuffer, v: &AlignedBuffer, step: &CpuStep, rows: usize) -> Result<()> {
         let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
         let d = kv.kv_dim();
         for (t, &slot) in step.layout.slots[..rows].iter().enumerate() {
@@ -250,31 +254,31 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn attention(&self, layer: usize, out: &mut Vec<f32>, q: &Vec<f32>, step: &CpuStep, _rows: usize) -> Result<()> {
+    fn attention(&self, layer: usize, out: &mut AlignedBuffer, q: &AlignedBuffer, step: &CpuStep, _rows: usize) -> Result<()> {
         let shape = self.shape.ok_or_else(|| EngineError::Backend("the KV cache is not allocated".into()))?;
         let window = self.config.as_ref().and_then(|c| c.layer_window(layer));
         paged_attention(q, out, self.pool()?, layer, &step.layout, shape, window);
         Ok(())
     }
 
-    fn silu_mul(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
+    fn silu_mul(&self, out: &mut AlignedBuffer, gate: &AlignedBuffer, up: &AlignedBuffer, rows: usize, width: usize) -> Result<()> {
         let n = rows * width;
         each_chunk(&mut out[..n], &gate[..n], &up[..n], rows, width, silu_mul);
         Ok(())
     }
 
-    fn gelu_tanh_mul(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>, rows: usize, width: usize) -> Result<()> {
+    fn gelu_tanh_mul(&self, out: &mut AlignedBuffer, gate: &AlignedBuffer, up: &AlignedBuffer, rows: usize, width: usize) -> Result<()> {
         let n = rows * width;
         each_chunk(&mut out[..n], &gate[..n], &up[..n], rows, width, gelu_tanh_mul);
         Ok(())
     }
 
-    fn scale(&self, x: &mut Vec<f32>, rows: usize, width: usize, factor: f32) -> Result<()> {
+    fn scale(&self, x: &mut AlignedBuffer, rows: usize, width: usize, factor: f32) -> Result<()> {
         x[..rows * width].iter_mut().for_each(|v| *v *= factor);
         Ok(())
     }
 
-    fn logits(&self, out: &mut Vec<f32>, picked: &mut Vec<f32>, hidden: &Vec<f32>, head: &Linear, step: &CpuStep) -> Result<()> {
+    fn logits(&self, out: &mut Vec<f32>, picked: &mut AlignedBuffer, hidden: &AlignedBuffer, head: &Linear, step: &CpuStep) -> Result<()> {
         let h = head.cols();
         let rows = &step.layout.rows;
         for (i, &r) in rows.iter().enumerate() {

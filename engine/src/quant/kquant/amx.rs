@@ -26,8 +26,9 @@
 //! The expansion is table lookups ([`ByteTables`]: the bytes of every
 //! `scale · value` product, one `vpermb` per byte plane and run), cheap
 //! enough that Q4_K/Q5_K pay from one group (batched decode of 11-16
-//! sequences; [`min_groups`]). With one group there is nothing to overlap
-//! the fold with, so the tiles of super-block b run while b + 1 is
+//! sequences; [`min_groups`]); there they now take the run kernel instead
+//! (`amx_runs`, no expansion at all). With one group of Q6_K there is nothing
+//! to overlap the fold with, so the tiles of super-block b run while b + 1 is
 //! expanded instead. Each call also fetches the next block of 32 rows into
 //! the L2 (32 strided rows defeat the hardware prefetchers).
 //!
@@ -105,9 +106,9 @@ fn request_tile_state() -> bool {
     false
 }
 
-/// `ldtilecfg`'s 64-byte operand: palette 1, every tile 16 rows of 64 bytes.
+/// `ldtilecfg`'s 64-byte operand (palette 1).
 #[repr(C, align(64))]
-struct TileConfig {
+pub(super) struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
@@ -116,12 +117,22 @@ struct TileConfig {
 }
 
 impl TileConfig {
-    /// Palette 1, tiles 0..8 of 16 rows × 64 bytes, the rest unused.
+    /// Palette 1, every tile unused.
+    pub(super) fn empty() -> Self {
+        Self { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] }
+    }
+
+    /// Tile `t` has `rows` rows of `bytes` bytes (at most 16 and 64).
+    pub(super) fn set(&mut self, t: usize, rows: usize, bytes: usize) {
+        self.rows[t] = rows.min(16) as u8;
+        self.colsb[t] = bytes.min(64) as u16;
+    }
+
+    /// Tiles 0..8 of 16 rows × 64 bytes.
     fn uniform() -> Self {
-        let mut cfg = Self { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        let mut cfg = Self::empty();
         for t in 0..8 {
-            cfg.colsb[t] = 64;
-            cfg.rows[t] = 16;
+            cfg.set(t, 16, 64);
         }
         cfg
     }
@@ -175,9 +186,24 @@ pub fn amx_kernel(dtype: crate::gguf::types::GgmlType) -> Option<KGemmAmxFn> {
             }
         };
     }
+    // Q4_K/Q5_K take the run kernel for one group (batched decode).
+    macro_rules! runs_or_expanded {
+        ($fmt:ty) => {
+            |w: &[&[u8]; ROWS], next: Option<&[&[u8]; ROWS]>, x: &[Q8KGroup], nb: usize, out: &mut [AmxOut]| {
+                super::gemm::check(w, x, nb, out.len(), <$fmt>::BYTES);
+                // SAFETY: as in `kernel!`.
+                unsafe {
+                    match out {
+                        [one] => super::amx_runs::runs_rows::<$fmt>(w, next, x, nb, one),
+                        _ => amx_rows::<$fmt>(w, next, x, nb, out),
+                    }
+                }
+            }
+        };
+    }
     match dtype {
-        GgmlType::Q4K => Some(kernel!(Q4K)),
-        GgmlType::Q5K => Some(kernel!(Q5K)),
+        GgmlType::Q4K => Some(runs_or_expanded!(Q4K)),
+        GgmlType::Q5K => Some(runs_or_expanded!(Q5K)),
         GgmlType::Q6K => Some(kernel!(Q6K)),
         _ => None,
     }
@@ -610,10 +636,11 @@ mod tests {
     fn amx_kernel_equals_the_one_token_kernels_bit_for_bit() {
         assert!(available(), "built on a CPU with AMX-INT8, but the tiles are unavailable here (or SPINDLE_AMX=0)");
         let mut seed = 7u64;
-        // One group, a partial third group, four and five groups (both
+        // One group (whole, partial, at full scale: the run kernel for
+        // Q4_K/Q5_K), a partial third group, four and five groups (both
         // product buffers, twice), and activations at full scale (every
         // value ±max: the largest integer sums).
-        for (nb, n, extreme) in [(2, 16, false), (3, 37, false), (2, 64, false), (1, 80, false), (1, 48, true)] {
+        for (nb, n, extreme) in [(2, 16, false), (3, 11, false), (2, 16, true), (3, 37, false), (2, 64, false), (1, 80, false), (1, 48, true)] {
             let x: Vec<f32> = (0..n * nb * QK_K)
                 .map(|i| if extreme { if i % 3 == 0 { -4.0 } else { 4.0 } } else { (lcg(&mut seed) % 3001) as f32 / 600.0 - 2.5 })
                 .collect();

@@ -168,6 +168,27 @@ pub(super) struct Unpacked {
     pub(super) d: (f32, f32),
 }
 
+/// Unpacks one row's super-block `wb` into `row`: its 256 unsigned values,
+/// integer scales, packed mins, d and dmin.
+///
+/// # Safety
+/// `wb` must be one whole super-block of `F`; the caller must have AVX2
+/// and F16C enabled (this is inlined into it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn unpack_row<F: Format>(wb: &[u8], row: &mut Unpacked) {
+    // SAFETY: wb is one whole super-block; row.u holds 8 aligned registers of 32 bytes.
+    unsafe {
+        for k in 0..8 {
+            _mm256_store_si256(row.u.as_mut_ptr().add(32 * k) as *mut __m256i, F::values(wb.as_ptr(), k));
+        }
+        row.d = F::d(wb.as_ptr());
+    }
+    let mins;
+    (row.scales, mins) = F::int_scales(wb);
+    row.mins = std::array::from_fn(|p| pack_i16(mins[2 * p] as i16, mins[2 * p + 1] as i16));
+}
+
 /// How many super-blocks ahead the weight rows are prefetched.
 #[cfg(target_arch = "x86_64")]
 pub(super) const PREFETCH_AHEAD: usize = 2;
@@ -203,16 +224,8 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
             if out.len() <= 2 {
                 prefetch_super_block::<_MM_HINT_T0>(wr, b + PREFETCH_AHEAD, F::BYTES);
             }
-            // SAFETY: wb is one whole super-block; row.u holds 8 registers of 32 bytes.
-            unsafe {
-                for k in 0..8 {
-                    _mm256_store_si256(row.u.as_mut_ptr().add(32 * k) as *mut __m256i, F::values(wb.as_ptr(), k));
-                }
-                row.d = F::d(wb.as_ptr());
-            }
-            let mins;
-            (row.scales, mins) = F::int_scales(wb);
-            row.mins = std::array::from_fn(|p| pack_i16(mins[2 * p] as i16, mins[2 * p + 1] as i16));
+            // SAFETY: wb is one whole super-block.
+            unsafe { unpack_row::<F>(wb, row) };
         }
         // Two groups at a time share each broadcast weight word.
         let done = out.len() / 2 * 2;

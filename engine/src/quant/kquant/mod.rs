@@ -267,6 +267,8 @@ mod scalar {
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 #[cfg(target_arch = "x86_64")]
+mod amx_runs;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod gemm;
 #[cfg(test)]
