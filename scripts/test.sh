@@ -18,10 +18,11 @@ SPINDLE_GEMMA3_GGUF=$(scripts/fetch-model.sh --name gemma-3-270m | tail -n 1)
 export SPINDLE_GEMMA3_GGUF
 echo "gemma 3 model: $SPINDLE_GEMMA3_GGUF"
 # Qwen2.5-Coder-1.5B (1.1 GB) for the two-turn tool loop in
-# server/tests/qwen15_tool_loop.rs (the 0.5B cannot close the loop).
+# server/tests/qwen15_tool_loop.rs (the 0.5B cannot close the loop) and for
+# batched decode on K-quants in engine/tests/batch_equivalence.rs.
 SPINDLE_QWEN15_GGUF=$(scripts/fetch-model.sh --name qwen2.5-coder-1.5b-instruct | tail -n 1)
 export SPINDLE_QWEN15_GGUF
-echo "tool-loop model: $SPINDLE_QWEN15_GGUF"
+echo "1.5B model: $SPINDLE_QWEN15_GGUF"
 bash scripts/tests/fetch-model-names.sh
 
 # The OpenAI Python SDK (from PyPI, exact pins) in .venv-py, for

@@ -46,7 +46,8 @@ fn touch_pages(ws: &mut Workspace<CpuBackend>) {
     let Workspace { capacity: _, logit_capacity: _, x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked, logits } = ws;
     let buffers = [x, hn, q, q_normed, k, k_normed, v, attn, o, post, gate, up, act, picked].map(|b| &mut b[..]);
     for buffer in buffers.into_iter().chain([logits.as_mut_slice()]) {
-        // Opaque, so the writes are not dropped as redundant after calloc.
+        // Opaque, so the writes are not dropped as redundant (the logits
+        // come from calloc; their pages are mapped at the first write).
         std::hint::black_box(buffer).fill(0.0);
     }
 }

@@ -26,7 +26,7 @@
 //! The expansion is table lookups ([`ByteTables`]: the bytes of every
 //! `scale · value` product, one `vpermb` per byte plane and run), cheap
 //! enough that Q4_K/Q5_K pay from one group (batched decode of 11-16
-//! sequences; [`min_groups`]); there they now take the run kernel instead
+//! sequences; [`min_groups`]), but one group of them takes the run kernel
 //! (`amx_runs`, no expansion at all). With one group of Q6_K there is nothing
 //! to overlap the fold with, so the tiles of super-block b run while b + 1 is
 //! expanded instead. Each call also fetches the next block of 32 rows into
@@ -157,10 +157,10 @@ struct Products([[[i32; GROUP]; 16]; 4]);
 pub type KGemmAmxFn = fn(&[&[u8]; ROWS], Option<&[&[u8]; ROWS]>, &[Q8KGroup], usize, &mut [AmxOut]);
 
 /// Groups of 16 tokens from which the AMX kernel of `dtype` beats the VNNI
-/// one. Q4_K/Q5_K expand a run of 32 values with one 32-entry `vpermb` per
-/// byte plane and win from one group (batched decode); Q6_K needs two
-/// 64-entry lookups per run pair and wins from two (`cargo bench --bench
-/// kernels -- "kquant_decode_16tok|kquant_gemm"`).
+/// one. Q4_K/Q5_K win from one group (batched decode, on the run kernel,
+/// `amx_runs`); Q6_K, whose expansion needs two 64-entry lookups per run
+/// pair, wins from two (`cargo bench --bench kernels --
+/// "kquant_decode_16tok|kquant_gemm"`).
 pub fn min_groups(dtype: crate::gguf::types::GgmlType) -> usize {
     use crate::gguf::types::GgmlType;
     match dtype {

@@ -13,8 +13,7 @@
 //!
 //! Per super-block of 32 rows: 16 tile products and 16 tile stores, against
 //! 16 products, 4 stores and 32 rows' table expansions; the scales are
-//! unpacked in vector registers. The vector units unpack super-block b + 1
-//! while the tiles work on b. Measured on a Xeon (`cargo bench --bench
+//! unpacked in vector registers. Measured on a Xeon (`cargo bench --bench
 //! kernels -- kquant_decode_16tok`, one thread, same run): Q4_K 68.0–68.6
 //! against 76.0–77.8 ms, Q5_K 58.1–59.2 against 68.0–69.9; the Qwen2.5 1.5B's
 //! 16-sequence decode step 146–149 against 161–163 ms. Interleaving the
@@ -82,7 +81,7 @@ impl RunFormat for Q5K {
 }
 
 /// Q4_K/Q5_K: d, dmin, the 8 six-bit scales (as i32) and the 8 mins
-/// (packed i16 pairs) from bytes 0..16, in vector registers (the scalar
+/// (packed i16 pairs) from bytes 0..16 (a 16-byte load at 4), in vector registers (the scalar
 /// unpacking, [`Format::int_scales`], cost a fifth of this kernel).
 ///
 /// # Safety
@@ -111,7 +110,7 @@ unsafe fn k4_scales_d<F: Format>(wb: &[u8], row: &mut Unpacked) {
 
 /// Each run's products: `[run][half][row][token]`, rows `16·half + row`.
 #[repr(C, align(64))]
-pub(super) struct RunProducts([[[[i32; GROUP]; TILE_ROWS]; 2]; RUNS]);
+struct RunProducts([[[[i32; GROUP]; TILE_ROWS]; 2]; RUNS]);
 
 /// Tiles 0..4: C (16 × 16 i32); 4 and 5: A (16 rows × 32 unsigned
 /// values); 6: B (one run of the group, 8 rows of 4 values × 16 tokens).
@@ -253,7 +252,9 @@ unsafe fn fold_runs<F: Format>(
 #[inline(always)]
 unsafe fn run_products(rows: &[[Unpacked; TILE_ROWS]; 2], xg: &Q8KGroup, at: [usize; RUNS], c: &mut RunProducts) {
     let stride = std::mem::size_of::<Unpacked>();
-    let (u0, u1) = (rows[0][0].u.as_ptr(), rows[1][0].u.as_ptr());
+    // Pointers from the whole arrays of 16 rows: each load reads all of them.
+    let values = std::mem::offset_of!(Unpacked, u);
+    let (u0, u1) = (rows[0].as_ptr().cast::<u8>().wrapping_add(values), rows[1].as_ptr().cast::<u8>().wrapping_add(values));
     for (j, run) in c.0.iter_mut().enumerate() {
         let [c0, c1] = run;
         // SAFETY: the caller configured the tiles; A loads read 16 rows of 32

@@ -176,7 +176,7 @@ pub(super) struct Unpacked {
 /// and F16C enabled (this is inlined into it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(super) unsafe fn unpack_row<F: Format>(wb: &[u8], row: &mut Unpacked) {
+unsafe fn unpack_row<F: Format>(wb: &[u8], row: &mut Unpacked) {
     // SAFETY: wb is one whole super-block; row.u holds 8 aligned registers of 32 bytes.
     unsafe {
         for k in 0..8 {
