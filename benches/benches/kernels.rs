@@ -143,14 +143,14 @@ fn bench_kquant_decode(c: &mut Criterion) {
     }
 }
 
-/// Batched decode: 4, 8 and 16 tokens through 256 MiB of K-quant rows, with
+/// Batched decode: 4, 8, 16 and 32 tokens through 256 MiB of K-quant rows, with
 /// the kernel that unpacks four rows once for up to 8 tokens, with the
 /// one-row four-token kernel (4 tokens) and with the grouped GEMM (16-token
 /// lanes, padded for 8); throughput in weight bytes.
 fn bench_kquant_decode_batch(c: &mut Criterion) {
     let cols = 1536;
     let nb = cols / 256;
-    for tokens in [4usize, 8, 16] {
+    for tokens in [4usize, 8, 16, 32] {
         let mut group = c.benchmark_group(format!("kquant_decode_{tokens}tok_256MiB"));
         group.sample_size(10);
         for dtype in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {

@@ -258,7 +258,7 @@ unsafe fn groups_each<F: Format>(
     let groups = out.len();
     for b in 0..nb {
         // SAFETY: forwarded.
-        unsafe { expand_rows::<F>(w, next, b, groups <= 2, rows, expanded) };
+        unsafe { expand_rows::<F>(w, next, b, rows, expanded) };
         // Software pipeline: while the tiles multiply group g + 1 (one
         // K-step at a time), the vector units fold group g (8 rows a step).
         let (first, rest) = products.split_at_mut(1);
@@ -317,7 +317,7 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 }
 
 /// Expands super-block `b` of the rows `w` into `rows` and `e`, fetching
-/// later bytes ahead (see [`amx_rows`]).
+/// the next block of rows ahead (see [`amx_rows`]).
 ///
 /// # Safety
 /// As [`amx_rows`].
@@ -327,16 +327,14 @@ unsafe fn expand_rows<F: Format>(
     w: &[&[u8]; ROWS],
     next: Option<&[&[u8]; ROWS]>,
     b: usize,
-    few_groups: bool,
     rows: &mut [[Unpacked; TILE_ROWS]; 2],
     e: &mut Expanded,
 ) {
     for (r, wr) in w.iter().enumerate() {
-        // Few groups (batched decode) leave too little work per weight
-        // byte to hide its load: fetch a later super-block ahead.
-        if few_groups {
-            super::gemm::prefetch_super_block::<_MM_HINT_T0>(wr, b + super::gemm::PREFETCH_AHEAD, F::BYTES);
-        }
+        // The next block into the L2 only: fetching this block's later
+        // super-blocks into the L1 as well, for batched decode, made it 4-7%
+        // slower (`kquant_decode_32tok_256MiB/Q4K/amx` 57.6-63.9 against
+        // 62.3-66.2 ms without them, same run).
         if let Some(next) = next {
             super::gemm::prefetch_super_block::<_MM_HINT_T1>(next[r], b, F::BYTES);
         }
@@ -367,7 +365,7 @@ unsafe fn one_group<F: Format>(
     for b in 0..=nb {
         if b < nb {
             // SAFETY: forwarded.
-            unsafe { expand_rows::<F>(w, next, b, true, &mut rows[b % 2], &mut expanded[b % 2]) };
+            unsafe { expand_rows::<F>(w, next, b, &mut rows[b % 2], &mut expanded[b % 2]) };
         }
         if b > 0 {
             // SAFETY: the tiles hold super-block b − 1's products.
