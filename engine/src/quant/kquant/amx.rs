@@ -332,9 +332,9 @@ unsafe fn expand_rows<F: Format>(
 ) {
     for (r, wr) in w.iter().enumerate() {
         // The next block into the L2 only: fetching this block's later
-        // super-blocks into the L1 as well, for batched decode, made it 4-7%
-        // slower (`kquant_decode_32tok_256MiB/Q4K/amx` 57.6-63.9 against
-        // 62.3-66.2 ms without them, same run).
+        // super-blocks into the L1 as well, for batched decode, made it 4-8%
+        // slower (`kquant_decode_32tok_256MiB/Q4K/amx` 66.2 and 62.3 against
+        // 63.9 and 57.6 ms without them, two runs).
         if let Some(next) = next {
             super::gemm::prefetch_super_block::<_MM_HINT_T1>(next[r], b, F::BYTES);
         }

@@ -185,8 +185,8 @@ unsafe fn one_group_runs<F: RunFormat>(
             for (r, wr) in w.iter().enumerate() {
                 // Only the next block of rows is fetched (into the L2): also
                 // fetching this block's later super-blocks into the L1 made
-                // the kernel 10% slower (`kquant_decode_16tok_256MiB/Q4K/amx`
-                // 54.5-55.4 against 60.1-63.3 ms without them, same run).
+                // the kernel 8-16% slower (`kquant_decode_16tok_256MiB/Q4K/amx`
+                // 60.1-63.3 against 54.5-55.4 ms without them, same run).
                 if let Some(next) = next {
                     prefetch_super_block::<_MM_HINT_T1>(next[r], b, F::BYTES);
                 }

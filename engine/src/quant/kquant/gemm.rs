@@ -210,10 +210,12 @@ pub(super) fn prefetch_super_block<const HINT: i32>(row: &[u8], b: usize, bytes:
 /// super-blocks long) into the L2. The engine's rows lie one after another,
 /// so that is the same row of the next block of `R` rows; for other callers
 /// the address is merely useless (a prefetch never faults). With one group
-/// (batched decode, weights from memory) it made the kernel 8-15% faster
-/// (`kquant_decode_16tok_256MiB/Q6K/grouped` 47-48 against 53-54 ms, Q4_K
-/// 59-60 against 66-68, same run); with two groups (prefill in chunks of
-/// two, weights re-read from the L3) it cost 3-6%.
+/// (batched decode, weights from memory) it made the kernel up to 17%
+/// faster (`kquant_decode_16tok_256MiB/Q6K/grouped` 43.6-52.2 against
+/// 52.6-54.0 ms, Q4_K 58.7-60.3 against 65.2-67.6, alternating runs); with
+/// two groups (prefill in chunks of two, weights re-read from the L3) it
+/// cost 3-6%. This kernel keeps its L1 prefetch as well: without it, Q6_K
+/// took 48.1 and 51.6 ms against 45.9 and 50.6 (two runs).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_next_rows<F: Format, const R: usize>(row: &[u8], nb: usize, b: usize) {
