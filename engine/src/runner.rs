@@ -85,8 +85,15 @@ pub fn sample_outputs_with(
                 (Some(_), Presampled::GrammarEnded) => (None, true),
                 (Some(s), Presampled::No) if logits.len() >= vocab => {
                     let start = logits.len() - vocab;
-                    let mut last = logits[start..].to_vec();
-                    let sampled = sample_one(s, penalties.get(i).copied().flatten(), &mut last)?;
+                    let penalties = penalties.get(i).copied().flatten();
+                    // Sampling rewrites the logits it reads (mask, penalties,
+                    // temperature): a copy only where they also go back (a
+                    // batch of 16 copied 16 vocab-sized rows per step).
+                    let sampled = if seq.logits == crate::batch::LogitsRequest::None {
+                        sample_one(s, penalties, &mut logits[start..])?
+                    } else {
+                        sample_one(s, penalties, &mut logits[start..].to_vec())?
+                    };
                     let ended = sampled.is_none();
                     (sampled, ended)
                 }
