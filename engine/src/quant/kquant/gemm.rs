@@ -219,10 +219,20 @@ pub(super) fn prefetch_super_block<const HINT: i32>(row: &[u8], b: usize, bytes:
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_next_rows<F: Format, const R: usize>(row: &[u8], nb: usize, b: usize) {
-    let ahead = row.as_ptr().wrapping_add((R * nb + b) * F::BYTES);
-    for line in (0..F::BYTES).step_by(64) {
-        // SAFETY: a prefetch is a hint: it never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line) as *const i8) };
+    prefetch_l2(row.as_ptr().wrapping_add((R * nb + b) * F::BYTES), F::BYTES);
+}
+
+/// Prefetches into L2 the cache lines of `bytes` bytes from `p` (a hint:
+/// `p` need not be a valid address).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn prefetch_l2(p: *const u8, bytes: usize) {
+    let mut line = p.wrapping_sub(p as usize % 64);
+    let end = p.wrapping_add(bytes);
+    while line < end {
+        // SAFETY: prefetching never faults; SSE is part of x86_64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(line as *const i8) };
+        line = line.wrapping_add(64);
     }
 }
 

@@ -17,6 +17,7 @@
 //! `fma(-(d_x·dmin), msum, acc)`): results equal the AVX2 and scalar kernels
 //! bit for bit.
 
+use super::gemm::prefetch_l2;
 use super::{Q8KBlock, Q4K_BYTES, Q6K_BYTES};
 use std::arch::x86_64::*;
 
@@ -374,19 +375,6 @@ unsafe fn fold_token<F: Rows4Format>(rows: &[Row; 4], mins16: __m512i, d: __m256
 /// AMD EPYC VM (1 thread, 256 MiB of Q4_K rows) 16-17 GiB/s against 6.6-7.4
 /// with `prefetcht0` four rows ahead and 4.4-6.7 without prefetching.
 const PREFETCH_ROWS_AHEAD: usize = 16;
-
-/// Prefetches into L2 the cache lines of `bytes` bytes from `p` (a hint:
-/// `p` need not be a valid address).
-#[inline(always)]
-fn prefetch_l2(p: *const u8, bytes: usize) {
-    let mut line = p.wrapping_sub(p as usize % 64);
-    let end = p.wrapping_add(bytes);
-    while line < end {
-        // SAFETY: prefetching never faults; SSE is part of x86_64.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(line as *const i8) };
-        line = line.wrapping_add(64);
-    }
-}
 
 /// Four rows against `T` tokens over `n` super-blocks (each row's
 /// super-block unpacked once for all of them), prefetching the same offsets
