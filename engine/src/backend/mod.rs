@@ -265,6 +265,49 @@ pub trait Backend: Sized + Send {
     fn linear(&self, out: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Weight, rows: usize) -> Result<()> {
         self.linear_many(x, rows, &mut [(w, out)])
     }
+
+    /// The gated MLP over `rows` rows of `x`: `out = down · act(gate · x,
+    /// up · x)`, with `scratch` (gate, up, activation buffers of at least
+    /// `rows` × the MLP's width) to work in. By default the projections,
+    /// then the activation, then the down projection.
+    fn gated_mlp(&self, out: &mut Self::Tensor, x: &Self::Tensor, mlp: &GatedMlp<'_, Self>, rows: usize, scratch: MlpScratch<'_, Self>) -> Result<()> {
+        gated_mlp_composed(self, out, x, mlp, rows, scratch)
+    }
+}
+
+/// The weights and shape of a gated MLP ([`Backend::gated_mlp`]).
+pub struct GatedMlp<'a, B: Backend> {
+    /// Gate projection.
+    pub gate: &'a B::Weight,
+    /// Up projection.
+    pub up: &'a B::Weight,
+    /// Down projection.
+    pub down: &'a B::Weight,
+    /// The gate's activation.
+    pub activation: crate::config::Activation,
+    /// The intermediate width (rows of gate and up).
+    pub width: usize,
+}
+
+/// [`Backend::gated_mlp`]'s scratch buffers: gate, up, activation.
+pub type MlpScratch<'a, B> = [&'a mut <B as Backend>::Tensor; 3];
+
+/// [`Backend::gated_mlp`] as three steps: both projections in one
+/// [`Backend::linear_many`], the activation, the down projection.
+pub fn gated_mlp_composed<B: Backend>(
+    b: &B,
+    out: &mut B::Tensor,
+    x: &B::Tensor,
+    mlp: &GatedMlp<'_, B>,
+    rows: usize,
+    [gate, up, act]: MlpScratch<'_, B>,
+) -> Result<()> {
+    b.linear_many(x, rows, &mut [(mlp.gate, &mut *gate), (mlp.up, &mut *up)])?;
+    match mlp.activation {
+        crate::config::Activation::Silu => b.silu_mul(act, gate, up, rows, mlp.width)?,
+        crate::config::Activation::GeluTanh => b.gelu_tanh_mul(act, gate, up, rows, mlp.width)?,
+    }
+    b.linear(out, act, mlp.down, rows)
 }
 
 /// A step's activation buffers for up to `capacity` rows (and the logits of

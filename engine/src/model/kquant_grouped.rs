@@ -2,7 +2,7 @@
 //! group): AMX tiles on whole blocks of 32 rows, all groups at once, where
 //! they pay; the rest on the AVX-512 VNNI kernels, a few groups at a time.
 
-use super::sink::Sink;
+use super::sink::GroupSink;
 use crate::quant::gemm::GROUP;
 use crate::quant::kquant::gemm::{groups_in_l2, KGemmKernels, Q8KGroup};
 
@@ -22,7 +22,7 @@ pub(super) fn kquant_chunked<'w>(
     kgroups: &[Q8KGroup],
     nb: usize,
     n: usize,
-    write: &Sink,
+    write: &impl GroupSink,
 ) {
     let groups = n.div_ceil(GROUP);
     #[allow(unused_mut)]
@@ -59,7 +59,7 @@ fn vnni_rows<'w>(
     nb: usize,
     first: usize,
     n: usize,
-    write: &Sink,
+    write: &impl GroupSink,
     out: VnniOut,
 ) {
     let mut r = rows.start;
@@ -91,7 +91,7 @@ fn amx_rows<'w>(
     kgroups: &[Q8KGroup],
     nb: usize,
     n: usize,
-    write: &Sink,
+    write: &impl GroupSink,
 ) -> usize {
     use crate::quant::kquant::amx::{ROWS, TILE_ROWS};
     let mut out = vec![[[[0f32; GROUP]; TILE_ROWS]; 2]; n.div_ceil(GROUP)];
@@ -114,6 +114,7 @@ fn amx_rows<'w>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::sink::Sink;
     use crate::gguf::types::GgmlType;
     use crate::model::SendPtr;
     use crate::quant::dequant::QK_K;

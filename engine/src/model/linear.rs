@@ -192,6 +192,20 @@ impl Linear {
         matmul_many(&mut [MatmulJob { layer: self, out }], x, n, precision)
     }
 
+    /// This layer's weights for the grouped K-quant kernels, where fast
+    /// mode multiplies it with them alone (K-quant rows with a grouped
+    /// kernel, no bias, no refinement).
+    pub(super) fn grouped_rows(&self, precision: MatmulPrecision) -> Option<GroupedRows<'_>> {
+        match &self.data {
+            WeightData::Blocks { bytes, row_bytes, kgemm: Some(gemm), .. }
+                if self.takes_q8k(precision) && self.bias.is_none() && !self.refines(precision) =>
+            {
+                Some(GroupedRows { gemm, bytes, row_bytes: *row_bytes })
+            }
+            _ => None,
+        }
+    }
+
     /// Whether the fast path multiplies this layer with per-32 8-bit activations.
     fn takes_q8(&self, precision: MatmulPrecision) -> bool {
         precision == MatmulPrecision::Fast && matches!(&self.data, WeightData::Blocks { kernels: Some(_), .. })
@@ -378,6 +392,41 @@ struct QuantizedInput {
     kgroups: Vec<Q8KGroup>,
 }
 
+/// A K-quant layer's rows as the grouped kernels take them ([`Linear::grouped_rows`]).
+pub(super) struct GroupedRows<'a> {
+    /// The layer type's grouped kernels.
+    pub(super) gemm: &'a KGemmKernels,
+    bytes: &'a [u8],
+    row_bytes: usize,
+}
+
+impl<'a> GroupedRows<'a> {
+    /// Weight row `r`'s super-blocks.
+    pub(super) fn row(&self, r: usize) -> &'a [u8] {
+        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+}
+
+/// `x` (`n` tokens of `cols` values) quantized per 256 values and
+/// interleaved in groups of 16 tokens, as the grouped K-quant kernels take
+/// it (empty below [`GROUPED_MIN_TOKENS`] or without the kernels).
+pub(super) fn kgroups_of(x: &[f32], n: usize, cols: usize) -> Vec<Q8KGroup> {
+    QuantizedInput::new(x, n, cols, false, true).kgroups
+}
+
+/// `out = x · layerᵀ` for `n` tokens whose activations are already
+/// quantized and interleaved (`kgroups`, `layer.cols() / 256` super-blocks
+/// per group): the grouped K-quant kernels, as [`matmul_many`] runs them.
+/// Needs a layer with [`Linear::grouped_rows`] and `n >= 16`.
+pub(super) fn matmul_kgroups(layer: &Linear, kgroups: Vec<Q8KGroup>, n: usize, out: &mut [f32], precision: MatmulPrecision) -> Result<()> {
+    let nb = layer.cols / QK_K;
+    if layer.grouped_rows(precision).is_none() || n < GROUP || kgroups.len() < n.div_ceil(GROUP) * nb || out.len() < n * layer.rows {
+        return Err(EngineError::InvalidBatch("grouped K-quant matmul: layer, groups or buffer do not match".into()));
+    }
+    let xq = QuantizedInput { kgroups, ..QuantizedInput::default() };
+    run_tasks(&mut [MatmulJob { layer, out }], &[], &xq, n, precision)
+}
+
 /// Batches at least this large use the grouped (token-lane) kernel.
 const GROUPED_MIN_TOKENS: usize = 8;
 
@@ -503,6 +552,12 @@ pub(super) fn matmul_rows(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, preci
     let q8 = jobs.iter().any(|j| j.layer.takes_q8(precision));
     let q8k = jobs.iter().any(|j| j.layer.takes_q8k(precision));
     let xq = QuantizedInput::new(x, n, cols, q8, q8k);
+    run_tasks(jobs, x, &xq, n, precision)
+}
+
+/// The rows of every job for `n` tokens of `x`, quantized as `xq`: one
+/// parallel region.
+fn run_tasks(jobs: &mut [MatmulJob<'_>], x: &[f32], xq: &QuantizedInput, n: usize, precision: MatmulPrecision) -> Result<()> {
     let outs: Vec<SendPtr> = jobs.iter_mut().map(|j| SendPtr(j.out.as_mut_ptr())).collect();
     let total_rows: usize = jobs.iter().map(|j| j.layer.rows).sum();
     let chunk = row_chunk(total_rows);
@@ -516,10 +571,11 @@ pub(super) fn matmul_rows(jobs: &mut [MatmulJob<'_>], x: &[f32], n: usize, preci
         let layer = layers[i];
         let rows = layer.rows;
         let write = Sink { ptr: outs[i], rows, tokens: n };
-        layer.compute_rows(start..(start + chunk).min(rows), x, &xq, n, precision, &write)
+        layer.compute_rows(start..(start + chunk).min(rows), x, xq, n, precision, &write)
     })
 }
 
+/// Rows per task for a parallel region over `rows` rows in all.
 fn row_chunk(rows: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     (rows / (threads * 4)).clamp(4, 256)

@@ -4,8 +4,8 @@
 //! the one copy of its layer loop ([`LlamaWeights::pass`]).
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, Workspace};
-use crate::config::{Activation, ArchFamily, ModelConfig};
+use crate::backend::{Backend, GatedMlp, Workspace};
+use crate::config::{ArchFamily, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::model::linear::tensor_to_f32;
 use crate::model::MatmulPrecision;
@@ -367,12 +367,8 @@ impl<B: Backend> LlamaWeights<B> {
                 b.add_rms_norm(&mut ws.post, None, &ws.o, norm, t, h, eps)?;
             }
             b.add_rms_norm(&mut ws.hn, Some(&mut ws.x), if post { &ws.post } else { &ws.o }, &layer.ffn_norm, t, h, eps)?;
-            b.linear_many(&ws.hn, t, &mut [(&layer.gate, &mut ws.gate), (&layer.up, &mut ws.up)])?;
-            match c.activation() {
-                Activation::Silu => b.silu_mul(&mut ws.act, &ws.gate, &ws.up, t, c.intermediate_size)?,
-                Activation::GeluTanh => b.gelu_tanh_mul(&mut ws.act, &ws.gate, &ws.up, t, c.intermediate_size)?,
-            }
-            b.linear(&mut ws.o, &ws.act, &layer.down, t)?;
+            let mlp = GatedMlp { gate: &layer.gate, up: &layer.up, down: &layer.down, activation: c.activation(), width: c.intermediate_size };
+            b.gated_mlp(&mut ws.o, &ws.hn, &mlp, t, [&mut ws.gate, &mut ws.up, &mut ws.act])?;
             if let Some(norm) = &layer.post_ffn_norm {
                 b.add_rms_norm(&mut ws.post, None, &ws.o, norm, t, h, eps)?;
             }

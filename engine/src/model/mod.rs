@@ -7,6 +7,7 @@
 pub mod decoder;
 pub mod linear;
 mod kquant_grouped;
+pub mod mlp;
 mod refine;
 mod sink;
 pub mod llama;

@@ -105,6 +105,41 @@ impl Sink {
     }
 }
 
+/// Where the grouped K-quant kernels ([`super::kquant_grouped`]) write a
+/// group's results: token-major ([`Sink`]) or in blocks of rows
+/// ([`super::blocked::BlockSink`]).
+pub(super) trait GroupSink: Sync {
+    /// Row `r` of token `t`.
+    fn put(&self, r: usize, t: usize, v: f32);
+    /// Rows `r..r + 4` of group `g` (tokens below `n`), `out[row][lane]`.
+    fn put_group4(&self, r: usize, g: usize, out: &[[f32; GROUP]; 4], n: usize);
+    /// Rows `r..r + 16` of group `g` (tokens below `n`), `out[row][lane]`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn put_group16(&self, r: usize, g: usize, out: &[[f32; GROUP]; 16], n: usize);
+}
+
+impl GroupSink for Sink {
+    #[inline(always)]
+    fn put(&self, r: usize, t: usize, v: f32) {
+        Sink::put(self, r, t, v)
+    }
+
+    #[inline(always)]
+    fn put_group4(&self, r: usize, g: usize, out: &[[f32; GROUP]; 4], n: usize) {
+        Sink::put_group4(self, r, g, out, n)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn put_group16(&self, r: usize, g: usize, out: &[[f32; GROUP]; 16], n: usize) {
+        // SAFETY: forwarded (AVX-512F).
+        unsafe { Sink::put_group16(self, r, g, out, n) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -104,7 +104,7 @@ unsafe fn quantize_block(chunk: &[f32], block: &mut Q8Block) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn round_half_away(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512i {
+pub(crate) unsafe fn round_half_away(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512i {
     use std::arch::x86_64::*;
     let t = _mm512_cvttps_epi32(x);
     let frac = _mm512_sub_ps(x, _mm512_cvtepi32_ps(t));

@@ -8,12 +8,13 @@ pub mod attention;
 
 pub use aligned::AlignedBuffer;
 
-use super::{Backend, DeviceSampling, KvGeometry, KvSize, LinearJob, PassFn, Presampled, StepLayout, StepLogits, Workspace};
+use super::{gated_mlp_composed, Backend, DeviceSampling, GatedMlp, KvGeometry, KvSize, LinearJob, MlpScratch, PassFn, Presampled, StepLayout, StepLogits, Workspace};
 use crate::batch::ForwardBatch;
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvDtype, KvPool};
 use crate::model::linear::{matmul_many, MatmulJob};
+use crate::model::mlp::{gated_mlp_fused, GateFn, MlpLayers};
 use crate::model::ops::{add_in_place, gelu_tanh_mul, rms_norm_into, silu_mul, Rope, RopeAngles};
 use crate::model::{Linear, MatmulPrecision};
 use crate::weights::TensorView;
@@ -260,6 +261,20 @@ impl Backend for CpuBackend {
         let window = self.config.as_ref().and_then(|c| c.layer_window(layer));
         paged_attention(q, out, self.pool()?, layer, &step.layout, shape, window);
         Ok(())
+    }
+
+    /// Fused where it applies ([`crate::model::mlp`]: 16 rows or more, K-quant
+    /// projections), else composed.
+    fn gated_mlp(&self, out: &mut AlignedBuffer, x: &AlignedBuffer, mlp: &GatedMlp<'_, Self>, rows: usize, scratch: MlpScratch<'_, Self>) -> Result<()> {
+        let act: GateFn = match mlp.activation {
+            Activation::Silu => silu_mul,
+            Activation::GeluTanh => gelu_tanh_mul,
+        };
+        let layers = MlpLayers { gate: mlp.gate, up: mlp.up, down: mlp.down };
+        if gated_mlp_fused(&layers, x, rows, self.precision, act, out)? {
+            return Ok(());
+        }
+        gated_mlp_composed(self, out, x, mlp, rows, scratch)
     }
 
     fn silu_mul(&self, out: &mut AlignedBuffer, gate: &AlignedBuffer, up: &AlignedBuffer, rows: usize, width: usize) -> Result<()> {

@@ -271,6 +271,7 @@ mod amx_runs;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod gemm;
+pub mod lanes;
 #[cfg(test)]
 pub(crate) mod test_rows;
 #[cfg(target_arch = "x86_64")]
