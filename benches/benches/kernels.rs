@@ -10,7 +10,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use spindle_engine::gguf::types::GgmlType;
 use spindle_engine::quant::dot::{quantize_row_q8, Q8Block, QK};
 use spindle_engine::quant::gemm::{gemm_kernel, gemm_kernels, interleave, GROUP};
-use spindle_engine::quant::kquant::gemm::{groups_in_l2, interleave_k, kgemm_kernels};
+use spindle_engine::quant::kquant::gemm::{groups_in_l2, interleave_k, kgemm_kernels, super_blocks_in_l2};
 use spindle_engine::quant::kquant::{kdot_kernels, quantize_row_q8k, Q8KBlock};
 use std::hint::black_box;
 
@@ -269,6 +269,31 @@ fn bench_kquant_prefill(c: &mut Criterion) {
                 out[0][0][0]
             })
         });
+        // Long rows (activations of fewer than 8 groups fit the L2): as the
+        // engine takes them, 8 groups at a time over ranges of super-blocks.
+        if groups_in_l2(nb) < 8 && tokens / GROUP > groups_in_l2(nb) {
+            let per_chunk = 8.min(tokens / GROUP);
+            let per_range = super_blocks_in_l2(per_chunk).min(nb);
+            let mut sums = vec![[[0f32; GROUP]; 4]; rows / 4 * per_chunk];
+            group.bench_function(format!("{dtype:?}/{rows}x{cols}/{tokens}tok/ranges"), |b| {
+                b.iter(|| {
+                    for chunk in black_box(&groups).chunks(per_chunk * nb) {
+                        let out = &mut out[..chunk.len() / nb];
+                        let sums = &mut sums[..rows / 4 * out.len()];
+                        sums.fill([[0.0; GROUP]; 4]);
+                        for from in (0..nb).step_by(per_range) {
+                            let len = per_range.min(nb - from);
+                            for (four, block) in weights.chunks_exact(4 * row_bytes).zip(sums.chunks_exact_mut(out.len())) {
+                                let w: [&[u8]; 4] = std::array::from_fn(|j| &four[j * row_bytes + from * dtype.type_size()..]);
+                                (k.rows4_acc)(w, &chunk[from..], nb, len, block);
+                            }
+                        }
+                        out[0] = sums[0];
+                    }
+                    out[0][0][0]
+                })
+            });
+        }
         // The same rows on AMX tiles, 32 at a time (where the CPU has them).
         #[cfg(target_arch = "x86_64")]
         if let Some(amx) = k.amx {

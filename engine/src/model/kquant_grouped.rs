@@ -4,7 +4,7 @@
 
 use super::sink::GroupSink;
 use crate::quant::gemm::GROUP;
-use crate::quant::kquant::gemm::{groups_in_l2, KGemmKernels, Q8KGroup};
+use crate::quant::kquant::gemm::{groups_in_l2, super_blocks_in_l2, KGemmKernels, Q8KGroup};
 
 /// Output rows `rows` for all `n` tokens (`kgroups`: their groups, `nb`
 /// super-blocks each) on the grouped K-quant kernels. AMX first, on whole
@@ -32,6 +32,9 @@ pub(super) fn kquant_chunked<'w>(
         r = amx_rows(amx, row, r..rows.end, kgroups, nb, n, write);
     }
     let per_chunk = groups_in_l2(nb);
+    if per_chunk < RANGE_GROUPS && groups > per_chunk {
+        r = vnni_rows_in_ranges(gemm, row, r..rows.end, kgroups, nb, n, write);
+    }
     let mut four = vec![[[0f32; GROUP]; 4]; per_chunk];
     let mut one = vec![[[0f32; GROUP]; 1]; per_chunk];
     for (c, chunk) in kgroups.chunks(per_chunk * nb).enumerate() {
@@ -39,6 +42,55 @@ pub(super) fn kquant_chunked<'w>(
         let out = VnniOut { four: &mut four[..len], one: &mut one[..len] };
         vnni_rows(gemm, row, r..rows.end, chunk, nb, c * per_chunk, n, write, out);
     }
+}
+
+/// Groups the VNNI kernels take at a time, a range of super-blocks at a
+/// time, where the activations of fewer than these fit the L2 whole (long
+/// rows: the down projection's).
+const RANGE_GROUPS: usize = 8;
+
+/// Whole blocks of 4 rows from `rows` on the VNNI kernels, [`RANGE_GROUPS`]
+/// groups at a time and, for those, as many super-blocks at a time as keep
+/// their activations in the L2 ([`super_blocks_in_l2`]), the results
+/// accumulated across the ranges (bit-identical to whole rows). Every
+/// weight row is read once per 8 groups and unpacked for 8, not 2, as
+/// whole rows with the groups that fit would. Returns the first row left.
+fn vnni_rows_in_ranges<'w>(
+    gemm: &KGemmKernels,
+    row: &impl Fn(usize) -> &'w [u8],
+    rows: std::ops::Range<usize>,
+    kgroups: &[Q8KGroup],
+    nb: usize,
+    n: usize,
+    write: &impl GroupSink,
+) -> usize {
+    let groups = n.div_ceil(GROUP);
+    let per_chunk = RANGE_GROUPS.min(groups);
+    let per_range = super_blocks_in_l2(per_chunk).min(nb);
+    let blocks = rows.len() / 4;
+    if blocks == 0 || nb == 0 {
+        return rows.start;
+    }
+    let bytes = row(rows.start).len() / nb;
+    let mut sums = vec![[[0f32; GROUP]; 4]; blocks * per_chunk];
+    for first in (0..groups).step_by(per_chunk) {
+        let count = per_chunk.min(groups - first);
+        sums.fill([[0.0; GROUP]; 4]);
+        for from in (0..nb).step_by(per_range) {
+            let len = per_range.min(nb - from);
+            let x = &kgroups[first * nb + from..];
+            for (i, block) in sums.chunks_exact_mut(per_chunk).enumerate() {
+                let w: [&[u8]; 4] = std::array::from_fn(|j| &row(rows.start + 4 * i + j)[from * bytes..]);
+                (gemm.rows4_acc)(w, x, nb, len, &mut block[..count]);
+            }
+        }
+        for (i, block) in sums.chunks_exact(per_chunk).enumerate() {
+            for (g, four) in block[..count].iter().enumerate() {
+                write.put_group4(rows.start + 4 * i, first + g, four, n);
+            }
+        }
+    }
+    rows.start + 4 * blocks
 }
 
 /// The VNNI kernels' result buffers, one entry per group of a chunk.
@@ -122,24 +174,26 @@ mod tests {
     use crate::quant::kquant::test_rows::{lcg, random_row};
     use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, Q8KBlock};
 
-    /// Activations too large for the L2 go through the VNNI kernels a few
-    /// groups at a time (here 2, 2 and a partial 1 of 16 tokens, over 35
-    /// super-blocks); where the CPU has AMX, the first 32 rows take the
-    /// tiles with all groups and the 9 left the VNNI kernels. Every result
-    /// is still the one-token kernel's, bit for bit, for rows taken 32, 4
-    /// and one at a time.
+    /// Activations too large for the L2 (5 groups of 16 tokens, the last
+    /// partial, over 35 super-blocks): blocks of 4 rows go through the VNNI
+    /// kernels in two ranges of super-blocks (19 + 16) with all 5 groups,
+    /// single rows 2, 2 and 1 groups at a time; where the CPU has AMX, the
+    /// first 32 rows take the tiles with all groups and the 9 left the VNNI
+    /// kernels (none of 32 rows). Every result is still the one-token
+    /// kernel's, bit for bit, for rows taken 32, 4 and one at a time.
     #[test]
     #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI")]
     fn grouped_k_quants_in_chunks_of_groups_equal_the_one_token_kernels() {
         let mut seed = 5u64;
-        let (nb, n, rows) = (35, 75, 41);
+        let (nb, n) = (35, 75);
         assert_eq!(groups_in_l2(nb), 2, "the activations of 5 groups over {nb} super-blocks must not fit at once");
         let cols = nb * QK_K;
         let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();
         let mut xq = vec![Q8KBlock::default(); n * nb];
         quantize_row_q8k(&x, &mut xq);
         let kgroups = interleave_k(&xq, n, nb);
-        for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        // 32 rows: all on the tiles where there are tiles, none left for the ranges.
+        for (dtype, rows) in [(GgmlType::Q4K, 41), (GgmlType::Q6K, 41), (GgmlType::Q4K, 32)] {
             let bytes: Vec<u8> = (0..rows).flat_map(|_| random_row(dtype, nb, None, &mut seed)).collect();
             let ts = dtype.type_size();
             let row = |r: usize| &bytes[r * nb * ts..(r + 1) * nb * ts];

@@ -83,11 +83,25 @@ pub fn groups_in_l2(nb: usize) -> usize {
     (KGROUPS_L2_BYTES / (nb.max(1) * std::mem::size_of::<Q8KGroup>())).max(2)
 }
 
+/// Super-blocks of `groups` groups' activations that fit
+/// [`KGROUPS_L2_BYTES`] (at least 1): the range of a row the VNNI kernels
+/// should take at a time for that many groups ([`KGemmRows4AccFn`]).
+pub fn super_blocks_in_l2(groups: usize) -> usize {
+    (KGROUPS_L2_BYTES / (groups.max(1) * std::mem::size_of::<Q8KGroup>())).max(1)
+}
+
 /// Four weight rows times every group of 16 tokens: `x` holds the groups
 /// group-major (`nb` super-blocks each), `out[g][r]` receives row `r`'s
 /// results for group `g` (`out.len()` groups). Each weight super-block is
 /// unpacked once for all groups.
 pub type KGemmRows4Fn = fn([&[u8]; 4], &[Q8KGroup], usize, &mut [[[f32; GROUP]; 4]]);
+
+/// [`KGemmRows4Fn`] over a range of super-blocks, adding to `out`: the
+/// rows start at the range's first super-block, `x[g * stride + b]` is
+/// super-block `b` of the range for group `g`, `nb` super-blocks. Called
+/// on consecutive ranges with `out` zeroed first, the results are
+/// [`KGemmRows4Fn`]'s bit for bit (the same operations in the same order).
+pub type KGemmRows4AccFn = fn([&[u8]; 4], &[Q8KGroup], usize, usize, &mut [[[f32; GROUP]; 4]]);
 
 /// One weight row times every group (as [`KGemmRows4Fn`], one row).
 pub type KGemmFn = fn(&[u8], &[Q8KGroup], usize, &mut [[[f32; GROUP]; 1]]);
@@ -99,6 +113,8 @@ pub struct KGemmKernels {
     pub one: KGemmFn,
     /// Four rows sharing each activation load.
     pub rows4: KGemmRows4Fn,
+    /// `rows4` over a range of super-blocks, accumulating.
+    pub rows4_acc: KGemmRows4AccFn,
     /// 16 rows on AMX tiles, where the CPU and OS have them (bit-identical to `rows4`).
     #[cfg(target_arch = "x86_64")]
     pub amx: Option<super::amx::KGemmAmxFn>,
@@ -128,13 +144,20 @@ pub fn kgemm_kernels(dtype: GgmlType) -> Option<KGemmKernels> {
             KGemmKernels {
                 one: |w, x, nb, out| {
                     check(&[w], x, nb, out.len(), <$fmt>::BYTES);
+                    zero(out);
                     // SAFETY: AVX-512 VNNI/BW/F and AVX2/FMA/F16C were detected above; shapes checked.
-                    unsafe { vnni_rows::<$fmt, 1>([w], x, nb, out) }
+                    unsafe { vnni_rows::<$fmt, 1>([w], x, nb, nb, out) }
                 },
                 rows4: |w, x, nb, out| {
                     check(&w, x, nb, out.len(), <$fmt>::BYTES);
+                    zero(out);
                     // SAFETY: as above.
-                    unsafe { vnni_rows::<$fmt, 4>(w, x, nb, out) }
+                    unsafe { vnni_rows::<$fmt, 4>(w, x, nb, nb, out) }
+                },
+                rows4_acc: |w, x, stride, nb, out| {
+                    check_strided(&w, x, stride, nb, out.len(), <$fmt>::BYTES);
+                    // SAFETY: as above.
+                    unsafe { vnni_rows::<$fmt, 4>(w, x, stride, nb, out) }
                 },
                 amx: super::amx::amx_kernel(dtype),
                 amx_min_groups: super::amx::min_groups(dtype),
@@ -152,8 +175,24 @@ pub fn kgemm_kernels(dtype: GgmlType) -> Option<KGemmKernels> {
 /// The kernels' shape contract: `nb` super-blocks in every row, `groups * nb` groups.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn check(w: &[&[u8]], x: &[Q8KGroup], nb: usize, groups: usize, bytes: usize) {
+    check_strided(w, x, nb, nb, groups, bytes);
+}
+
+/// [`check`] with groups `stride` super-blocks apart.
+#[cfg(target_arch = "x86_64")]
+fn check_strided(w: &[&[u8]], x: &[Q8KGroup], stride: usize, nb: usize, groups: usize, bytes: usize) {
     assert!(w.iter().all(|r| r.len() >= nb * bytes), "K-quant GEMM: weight row shorter than {nb} super-blocks");
-    assert!(x.len() >= groups * nb, "K-quant GEMM: {} activation groups for {groups} x {nb}", x.len());
+    assert!(nb <= stride, "K-quant GEMM: {nb} super-blocks of groups {stride} apart");
+    let need = groups.checked_sub(1).map_or(0, |g| g * stride + nb);
+    assert!(x.len() >= need, "K-quant GEMM: {} activation groups for {groups} x {nb} (stride {stride})", x.len());
+}
+
+/// Zeroes a kernel's results before a whole row.
+#[cfg(target_arch = "x86_64")]
+fn zero<const R: usize>(out: &mut [[[f32; GROUP]; R]]) {
+    for o in out.iter_mut() {
+        *o = [[0.0; GROUP]; R];
+    }
 }
 
 /// One row's super-block, unpacked: 256 unsigned values, the integer scale
@@ -236,13 +275,11 @@ pub(super) fn prefetch_l2(p: *const u8, bytes: usize) {
     }
 }
 
-/// `R` rows of `F` times `out.len()` groups of 16 tokens, `nb` super-blocks each.
+/// `R` rows of `F` times `out.len()` groups of 16 tokens, `nb` super-blocks
+/// each (group `g`'s super-block `b` at `x[g * stride + b]`), added to `out`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb: usize, out: &mut [[[f32; GROUP]; R]]) {
-    for o in out.iter_mut() {
-        *o = [[0.0; GROUP]; R];
-    }
+unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], stride: usize, nb: usize, out: &mut [[[f32; GROUP]; R]]) {
     let mut rows: [Unpacked; R] =
         std::array::from_fn(|_| Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 4], d: (0.0, 0.0) });
     for b in 0..nb {
@@ -255,7 +292,7 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
                 prefetch_super_block::<_MM_HINT_T0>(wr, b + PREFETCH_AHEAD, F::BYTES);
             }
             if let [_] = out {
-                prefetch_next_rows::<F, R>(wr, nb, b);
+                prefetch_next_rows::<F, R>(wr, stride, b);
             }
             // SAFETY: wb is one whole super-block.
             unsafe { unpack_row::<F>(wb, row) };
@@ -265,21 +302,21 @@ unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], nb
         let mut pairs = out.chunks_exact_mut(2);
         for (p, pair) in pairs.by_ref().enumerate() {
             let (g0, g1) = (2 * p, 2 * p + 1);
-            // SAFETY: g * nb + b < groups * nb <= x.len() (checked by `check`).
-            let [t0, t1] = unsafe { run_sums::<F, R, 2>(&rows, [&x[g0 * nb + b], &x[g1 * nb + b]]) };
+            // SAFETY: g * stride + b < x.len() (checked by `check_strided`).
+            let [t0, t1] = unsafe { run_sums::<F, R, 2>(&rows, [&x[g0 * stride + b], &x[g1 * stride + b]]) };
             let (o0, o1) = pair.split_at_mut(1);
             // SAFETY: as above.
             unsafe {
-                fold::<F, R>(&rows, &x[g0 * nb + b], t0, &mut o0[0]);
-                fold::<F, R>(&rows, &x[g1 * nb + b], t1, &mut o1[0]);
+                fold::<F, R>(&rows, &x[g0 * stride + b], t0, &mut o0[0]);
+                fold::<F, R>(&rows, &x[g1 * stride + b], t1, &mut o1[0]);
             }
         }
         for (i, o) in pairs.into_remainder().iter_mut().enumerate() {
             let g = done + i;
             // SAFETY: as above.
             unsafe {
-                let [t] = run_sums::<F, R, 1>(&rows, [&x[g * nb + b]]);
-                fold::<F, R>(&rows, &x[g * nb + b], t, o);
+                let [t] = run_sums::<F, R, 1>(&rows, [&x[g * stride + b]]);
+                fold::<F, R>(&rows, &x[g * stride + b], t, o);
             }
         }
     }
@@ -381,6 +418,34 @@ mod tests {
         // four-token kernels (tested in the parent module) instead.
         assert_eq!(types.map(|t| kgemm_kernels(t).is_some()), [vnni; 3], "grouped kernels exist exactly with VNNI");
         assert!(kgemm_kernels(GgmlType::Q8_0).is_none(), "32-value blocks have their own grouped kernels");
+    }
+
+    /// Ranges of super-blocks added up in order (2 + 3 of 5, and 1 + 4,
+    /// for 3 groups) give the whole-row kernel's results bit for bit.
+    #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI")]
+    fn super_block_ranges_accumulate_to_the_whole_row_bit_for_bit() {
+        let (nb, n) = (5, 40);
+        let mut seed = 43u64;
+        let x: Vec<f32> = (0..n * nb * QK_K).map(|_| (lcg(&mut seed) % 3001) as f32 / 600.0 - 2.5).collect();
+        let mut xq = vec![Q8KBlock::default(); n * nb];
+        quantize_row_q8k(&x, &mut xq);
+        let groups = interleave_k(&xq, n, nb);
+        for dtype in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+            let k = kgemm_kernels(dtype).expect("grouped kernels");
+            let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(dtype, nb, None, &mut seed)).collect();
+            let mut whole = vec![[[0f32; GROUP]; 4]; 3];
+            (k.rows4)([&rows[0], &rows[1], &rows[2], &rows[3]], &groups, nb, &mut whole);
+            for split in [2, 1] {
+                let mut acc = vec![[[0f32; GROUP]; 4]; 3];
+                for (first, count) in [(0, split), (split, nb - split)] {
+                    let at = first * dtype.type_size();
+                    (k.rows4_acc)([&rows[0][at..], &rows[1][at..], &rows[2][at..], &rows[3][at..]], &groups[first..], nb, count, &mut acc);
+                }
+                let bits = |v: &[[[f32; GROUP]; 4]]| v.iter().flatten().flatten().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&acc), bits(&whole), "{dtype:?}, split after {split}");
+            }
+        }
     }
 
     #[test]
