@@ -14,7 +14,9 @@ use crate::quant::kquant::gemm::{groups_in_l2, super_blocks_in_l2, KGemmKernels,
 /// VNNI kernels, which read all the groups' activations for every 4 rows:
 /// as many groups at a time as stay in the L2 (that 1.5B's prefill without
 /// AMX: 131–143 → 180 tok/s, its down projection having 6 MB of
-/// activations at 512 tokens).
+/// activations at 512 tokens); where fewer than 8 groups would fit, blocks
+/// of 4 rows take 8 groups over ranges of super-blocks instead
+/// ([`vnni_rows_in_ranges`]).
 pub(super) fn kquant_chunked<'w>(
     gemm: &KGemmKernels,
     row: &impl Fn(usize) -> &'w [u8],
@@ -179,21 +181,24 @@ mod tests {
     /// kernels in two ranges of super-blocks (19 + 16) with all 5 groups,
     /// single rows 2, 2 and 1 groups at a time; where the CPU has AMX, the
     /// first 32 rows take the tiles with all groups and the 9 left the VNNI
-    /// kernels (none of 32 rows). Every result is still the one-token
-    /// kernel's, bit for bit, for rows taken 32, 4 and one at a time.
+    /// kernels (none of 32 rows). 10 groups go through the ranges 8 and 2
+    /// at a time. Every result is still the one-token kernel's, bit for
+    /// bit, for rows taken 32, 4 and one at a time.
     #[test]
     #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI")]
     fn grouped_k_quants_in_chunks_of_groups_equal_the_one_token_kernels() {
         let mut seed = 5u64;
-        let (nb, n) = (35, 75);
+        let nb = 35;
         assert_eq!(groups_in_l2(nb), 2, "the activations of 5 groups over {nb} super-blocks must not fit at once");
+        assert!(super_blocks_in_l2(5) < nb && super_blocks_in_l2(RANGE_GROUPS) < nb, "rows in more than one range");
         let cols = nb * QK_K;
-        let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();
-        let mut xq = vec![Q8KBlock::default(); n * nb];
-        quantize_row_q8k(&x, &mut xq);
-        let kgroups = interleave_k(&xq, n, nb);
-        // 32 rows: all on the tiles where there are tiles, none left for the ranges.
-        for (dtype, rows) in [(GgmlType::Q4K, 41), (GgmlType::Q6K, 41), (GgmlType::Q4K, 32)] {
+        // 32 rows: all on the tiles where there are tiles, none left for the
+        // ranges; 150 tokens: groups 8 then 2 (the last partial) in the ranges.
+        for (dtype, rows, n) in [(GgmlType::Q4K, 41, 75), (GgmlType::Q6K, 41, 75), (GgmlType::Q4K, 32, 75), (GgmlType::Q6K, 9, 150)] {
+            let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2001) as f32 / 500.0 - 2.0).collect();
+            let mut xq = vec![Q8KBlock::default(); n * nb];
+            quantize_row_q8k(&x, &mut xq);
+            let kgroups = interleave_k(&xq, n, nb);
             let bytes: Vec<u8> = (0..rows).flat_map(|_| random_row(dtype, nb, None, &mut seed)).collect();
             let ts = dtype.type_size();
             let row = |r: usize| &bytes[r * nb * ts..(r + 1) * nb * ts];

@@ -423,6 +423,9 @@ pub(super) fn matmul_kgroups(layer: &Linear, kgroups: Vec<Q8KGroup>, n: usize, o
     if layer.grouped_rows(precision).is_none() || n < GROUP || kgroups.len() < n.div_ceil(GROUP) * nb || out.len() < n * layer.rows {
         return Err(EngineError::InvalidBatch("grouped K-quant matmul: layer, groups or buffer do not match".into()));
     }
+    // From 16 tokens every task takes the grouped kernels (never the
+    // multi-token kernel, `prefers_rows4_tokens`), which read only `kgroups`:
+    // no path reads the (empty) f32 input.
     let xq = QuantizedInput { kgroups, ..QuantizedInput::default() };
     run_tasks(&mut [MatmulJob { layer, out }], &[], &xq, n, precision)
 }

@@ -7,14 +7,15 @@
 //! (the Qwen2.5 1.5B at 512 tokens); the activation then reads both and
 //! writes a third, which is quantized token by token and interleaved again
 //! for the down projection. Here each task takes one super-block of 256
-//! intermediate rows: it runs the gate and up rows for its groups of 16
-//! tokens into a small buffer of its thread, lane-major as the kernels
-//! produce them ([`LocalSink`]), and activates and quantizes each group's
-//! 256 × 16 values straight into the down projection's [`Q8KGroup`]
-//! ([`quantize_lanes_k`]). Every operation on every value is the unfused
-//! path's, so the results are bit-identical (tested below).
+//! intermediate rows and up to 16 groups of 16 tokens (more tasks split the
+//! groups): it runs the gate and up rows into a buffer of its thread (at
+//! most 1 MiB), lane-major as the kernels produce them, and activates and
+//! quantizes each group's 256 × 16 values straight into the down
+//! projection's [`Q8KGroup`] ([`quantize_lanes_k`]). Every operation on
+//! every value is the unfused path's, so for finite values the results are
+//! bit-identical (tested below).
 
-use super::linear::{kgroups_of, matmul_kgroups, Linear, MatmulPrecision};
+use super::linear::{kgroups_of, matmul_kgroups, GroupedRows, Linear, MatmulPrecision};
 use super::sink::GroupSink;
 use super::SendPtr;
 use crate::error::Result;
@@ -110,7 +111,7 @@ impl GroupsPtr {
 }
 
 thread_local! {
-    /// A task's gate and up results, reused (grown to the largest batch seen).
+    /// A task's gate and up results, reused (at most 1 MiB: [`TASK_GROUPS`]).
     static PROJECTED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -126,6 +127,7 @@ pub fn gated_mlp_fused(mlp: &MlpLayers<'_>, x: &[f32], n: usize, precision: Matm
         return Ok(false);
     };
     let fits = n >= GROUP
+        && width > 0
         && mlp.up.rows() == width
         && mlp.up.cols() == cols
         && mlp.down.cols() == width
@@ -141,43 +143,68 @@ pub fn gated_mlp_fused(mlp: &MlpLayers<'_>, x: &[f32], n: usize, precision: Matm
     if kgroups.len() < groups * nb_in {
         return Ok(false);
     }
-    // Super-blocks are the tasks; with fewer than two per thread, groups are split too.
-    let parts = (2 * rayon::current_num_threads()).div_ceil(nb).clamp(1, groups);
+    // Super-blocks are the tasks; groups are split too where there are
+    // fewer than two super-blocks per thread or more than TASK_GROUPS groups.
+    let parts = (2 * rayon::current_num_threads()).div_ceil(nb).max(groups.div_ceil(TASK_GROUPS)).clamp(1, groups);
     let per_part = groups.div_ceil(parts);
     let mut down_groups = vec![Q8KGroup::default(); groups * nb];
     let dst = GroupsPtr(down_groups.as_mut_ptr());
+    let projections = Projections { gate: &gate, up: &up, kgroups: &kgroups, nb_in, n, act };
     (0..nb * parts).into_par_iter().for_each(|task| {
-        let (b, part) = (task / parts, task % parts);
-        let first = part * per_part;
+        let (b, first) = (task / parts, task % parts * per_part);
         let count = per_part.min(groups.saturating_sub(first));
-        if count == 0 {
-            return;
+        if count > 0 {
+            // SAFETY: the entries (first.., b) are this task's alone, inside `down_groups`.
+            let dst: Vec<&mut Q8KGroup> = (first..first + count).map(|g| unsafe { dst.entry(g * nb + b) }).collect();
+            projections.super_block(b, first, dst);
         }
-        let tokens = (n - first * GROUP).min(count * GROUP);
-        let xg = &kgroups[first * nb_in..(first + count) * nb_in];
-        PROJECTED.with(|cell| {
-            let mut buf = cell.borrow_mut();
-            let len = count * QK_K * GROUP;
-            if buf.len() < 2 * len {
-                buf.resize(2 * len, 0.0);
-            }
-            let (g_out, u_out) = buf[..2 * len].split_at_mut(len);
-            for (layer, projected) in [(&gate, &mut *g_out), (&up, &mut *u_out)] {
-                let sink = LocalSink { ptr: SendPtr(projected.as_mut_ptr()), first: b * QK_K, groups: count };
-                let row = |r: usize| layer.row(r);
-                super::kquant_grouped::kquant_chunked(layer.gemm, &row, b * QK_K..(b + 1) * QK_K, xg, nb_in, tokens, &sink);
-            }
-            let mut lanes: Lanes = [[0.0; GROUP]; QK_K];
-            for g in 0..count {
-                let at = g * QK_K * GROUP..(g + 1) * QK_K * GROUP;
-                act(lanes.as_flattened_mut(), &g_out[at.clone()], &u_out[at]);
-                // SAFETY: entry (first + g, b) is this task's alone, inside `down_groups`.
-                quantize_lanes_k(&lanes, unsafe { dst.entry((first + g) * nb + b) });
-            }
-        });
     });
     matmul_kgroups(mlp.down, down_groups, n, out, precision)?;
     Ok(true)
+}
+
+/// Groups of 16 tokens a task takes at most: its buffer is then at most
+/// 1 MiB (gate and up, 32 KiB per group).
+const TASK_GROUPS: usize = 16;
+
+/// What every task of [`gated_mlp_fused`] reads.
+struct Projections<'a> {
+    gate: &'a GroupedRows<'a>,
+    up: &'a GroupedRows<'a>,
+    /// The MLP input's groups (`nb_in` super-blocks each), `n` tokens.
+    kgroups: &'a [Q8KGroup],
+    nb_in: usize,
+    n: usize,
+    act: GateFn,
+}
+
+impl Projections<'_> {
+    /// Gate and up rows of super-block `b` for the groups `first..` (one
+    /// per entry of `dst`), activated and quantized into `dst`.
+    fn super_block(&self, b: usize, first: usize, dst: Vec<&mut Q8KGroup>) {
+        let count = dst.len();
+        let tokens = (self.n - first * GROUP).min(count * GROUP);
+        let xg = &self.kgroups[first * self.nb_in..(first + count) * self.nb_in];
+        // Taken out of the cell while in use (nothing here reenters it).
+        let mut buf = PROJECTED.with(|cell| cell.take());
+        let len = count * QK_K * GROUP;
+        if buf.len() < 2 * len {
+            buf.resize(2 * len, 0.0);
+        }
+        let (g_out, u_out) = buf[..2 * len].split_at_mut(len);
+        for (layer, projected) in [(self.gate, &mut *g_out), (self.up, &mut *u_out)] {
+            let sink = LocalSink { ptr: SendPtr(projected.as_mut_ptr()), first: b * QK_K, groups: count };
+            let row = |r: usize| layer.row(r);
+            super::kquant_grouped::kquant_chunked(layer.gemm, &row, b * QK_K..(b + 1) * QK_K, xg, self.nb_in, tokens, &sink);
+        }
+        let mut lanes: Lanes = [[0.0; GROUP]; QK_K];
+        for (g, out) in dst.into_iter().enumerate() {
+            let at = g * QK_K * GROUP..(g + 1) * QK_K * GROUP;
+            (self.act)(lanes.as_flattened_mut(), &g_out[at.clone()], &u_out[at]);
+            quantize_lanes_k(&lanes, out);
+        }
+        PROJECTED.with(|cell| cell.replace(buf));
+    }
 }
 
 #[cfg(test)]
@@ -208,42 +235,65 @@ mod tests {
         out
     }
 
-    /// For whole and partial groups (16, 37 tokens), both activations, and
-    /// gate/up rows on AMX tiles (blocks of 32) and the VNNI kernels, the
-    /// fused MLP's output is the unfused path's, bit for bit.
+    /// For whole and partial groups (16, 37 tokens), both activations,
+    /// gate/up rows on AMX tiles (blocks of 32, where the CPU has them) and
+    /// the VNNI kernels (Q6_K's one group), on 1 and 3 threads (3: groups
+    /// split between tasks), the fused MLP's output is the unfused path's,
+    /// bit for bit.
     #[test]
     #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI")]
     fn the_fused_mlp_equals_the_unfused_path_bit_for_bit() {
         assert!(kgemm_kernels(GgmlType::Q4K).is_some(), "built on a CPU with AVX-512 VNNI, run on one without");
         let mut seed = 5u64;
         let (cols, width, rows) = (256, 512, 64);
-        let (gate, up) = (layer(GgmlType::Q4K, width, cols, &mut seed), layer(GgmlType::Q4K, width, cols, &mut seed));
-        let down = layer(GgmlType::Q6K, rows, width, &mut seed);
-        let mlp = MlpLayers { gate: &gate, up: &up, down: &down };
-        for (n, act) in [(16usize, silu_mul as GateFn), (37, silu_mul as GateFn), (37, gelu_tanh_mul as GateFn)] {
-            let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 4001) as f32 / 1000.0 - 2.0).collect();
-            let want = composed(&mlp, &x, n, act);
-            let mut out = vec![f32::NAN; n * rows];
-            let done = gated_mlp_fused(&mlp, &x, n, MatmulPrecision::Fast, act, &mut out).expect("fused");
-            assert!(done, "the fused path applies to Q4_K/Q6_K layers at {n} tokens");
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&out), bits(&want), "{n} tokens");
+        for (up_type, threads) in [(GgmlType::Q4K, 1), (GgmlType::Q4K, 3), (GgmlType::Q6K, 3)] {
+            let (gate, up) = (layer(up_type, width, cols, &mut seed), layer(up_type, width, cols, &mut seed));
+            let down = layer(GgmlType::Q6K, rows, width, &mut seed);
+            let mlp = MlpLayers { gate: &gate, up: &up, down: &down };
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+            for (n, act) in [(16usize, silu_mul as GateFn), (37, silu_mul as GateFn), (37, gelu_tanh_mul as GateFn)] {
+                let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 4001) as f32 / 1000.0 - 2.0).collect();
+                let (want, got) = pool.install(|| {
+                    let mut out = vec![f32::NAN; n * rows];
+                    let done = gated_mlp_fused(&mlp, &x, n, MatmulPrecision::Fast, act, &mut out).expect("fused");
+                    assert!(done, "the fused path applies to {up_type:?}/Q6_K layers at {n} tokens");
+                    (composed(&mlp, &x, n, act), out)
+                });
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{up_type:?}, {n} tokens, {threads} threads");
+            }
         }
     }
 
-    /// Fewer than 16 tokens, exact precision, or an output too small: the
+    /// Fewer than 16 tokens, exact precision, an output too small, a bias,
+    /// a refined down projection, gate and up of different widths: the
     /// fused path declines and writes nothing.
     #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "needs a CPU with AVX-512 VNNI (else it always declines)")]
     fn the_fused_mlp_declines_where_it_does_not_apply() {
         let mut seed = 9u64;
-        let (gate, up, down) = (layer(GgmlType::Q4K, 256, 256, &mut seed), layer(GgmlType::Q4K, 256, 256, &mut seed), layer(GgmlType::Q4K, 32, 256, &mut seed));
-        let mlp = MlpLayers { gate: &gate, up: &up, down: &down };
-        for (n, precision, out_rows) in [(8usize, MatmulPrecision::Fast, 8), (17, MatmulPrecision::Exact, 17), (17, MatmulPrecision::Fast, 16)] {
+        let q4k = |rows: usize, cols: usize, seed: &mut u64| layer(GgmlType::Q4K, rows, cols, seed);
+        let (gate, up, down) = (q4k(256, 256, &mut seed), q4k(256, 256, &mut seed), q4k(32, 256, &mut seed));
+        let biased = q4k(256, 256, &mut seed).with_bias(vec![0.5; 256]).expect("bias");
+        let mut refined = q4k(32, 256, &mut seed);
+        refined.refine_input();
+        let wider_up = q4k(288, 256, &mut seed);
+        let plain = MlpLayers { gate: &gate, up: &up, down: &down };
+        assert!(gated_mlp_fused(&plain, &vec![0.5; 17 * 256], 17, MatmulPrecision::Fast, silu_mul, &mut vec![0.0; 17 * 32]).expect("ok"), "applies");
+        let cases = [
+            ("8 tokens", MlpLayers { gate: &gate, up: &up, down: &down }, 8, MatmulPrecision::Fast, 8),
+            ("exact", MlpLayers { gate: &gate, up: &up, down: &down }, 17, MatmulPrecision::Exact, 17),
+            ("short output", MlpLayers { gate: &gate, up: &up, down: &down }, 17, MatmulPrecision::Fast, 16),
+            ("bias", MlpLayers { gate: &biased, up: &up, down: &down }, 17, MatmulPrecision::Fast, 17),
+            ("refined", MlpLayers { gate: &gate, up: &up, down: &refined }, 17, MatmulPrecision::Fast, 17),
+            ("up wider than gate", MlpLayers { gate: &gate, up: &wider_up, down: &down }, 17, MatmulPrecision::Fast, 17),
+        ];
+        for (what, mlp, n, precision, out_rows) in cases {
             let x = vec![0.5f32; n * 256];
             let mut out = vec![-1f32; out_rows * 32];
             let done = gated_mlp_fused(&mlp, &x, n, precision, silu_mul, &mut out).expect("no error");
-            assert!(!done, "{n} tokens, {precision:?}, output for {out_rows}");
-            assert!(out.iter().all(|&v| v == -1.0), "nothing written");
+            assert!(!done, "{what}");
+            assert!(out.iter().all(|&v| v == -1.0), "{what}: nothing written");
         }
     }
 

@@ -106,8 +106,8 @@ impl Sink {
 }
 
 /// Where the grouped K-quant kernels ([`super::kquant_grouped`]) write a
-/// group's results: token-major ([`Sink`]) or in blocks of rows
-/// ([`super::blocked::BlockSink`]).
+/// group's results: token-major ([`Sink`]), or lane-major into a task's
+/// buffer (the fused MLP's, [`super::mlp`]).
 pub(super) trait GroupSink: Sync {
     /// Row `r` of token `t`.
     fn put(&self, r: usize, t: usize, v: f32);

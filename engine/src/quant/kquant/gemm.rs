@@ -96,11 +96,14 @@ pub fn super_blocks_in_l2(groups: usize) -> usize {
 /// unpacked once for all groups.
 pub type KGemmRows4Fn = fn([&[u8]; 4], &[Q8KGroup], usize, &mut [[[f32; GROUP]; 4]]);
 
-/// [`KGemmRows4Fn`] over a range of super-blocks, adding to `out`: the
-/// rows start at the range's first super-block, `x[g * stride + b]` is
-/// super-block `b` of the range for group `g`, `nb` super-blocks. Called
-/// on consecutive ranges with `out` zeroed first, the results are
-/// [`KGemmRows4Fn`]'s bit for bit (the same operations in the same order).
+/// [`KGemmRows4Fn`] over a range of super-blocks, adding to `out`:
+/// `(rows, x, stride, nb, out)`, the rows starting at the range's first
+/// super-block, `x[g * stride + b]` super-block `b` of the range for group
+/// `g`, `nb` super-blocks. Called on consecutive ranges with `out` zeroed
+/// first, the results are [`KGemmRows4Fn`]'s bit for bit (the same
+/// operations in the same order). With one group the kernel prefetches the
+/// rows 4 ahead as if a row were `stride` super-blocks long (the engine's
+/// layers; elsewhere a useless hint).
 pub type KGemmRows4AccFn = fn([&[u8]; 4], &[Q8KGroup], usize, usize, &mut [[[f32; GROUP]; 4]]);
 
 /// One weight row times every group (as [`KGemmRows4Fn`], one row).
