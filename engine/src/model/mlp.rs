@@ -235,7 +235,7 @@ mod tests {
         out
     }
 
-    /// For whole and partial groups (16, 37 tokens), both activations,
+    /// For whole and partial groups (16, 37, 300 tokens), both activations,
     /// gate/up rows on AMX tiles (blocks of 32, where the CPU has them) and
     /// the VNNI kernels (Q6_K's one group), on 1 and 3 threads (3: groups
     /// split between tasks), the fused MLP's output is the unfused path's,
@@ -245,13 +245,14 @@ mod tests {
     fn the_fused_mlp_equals_the_unfused_path_bit_for_bit() {
         assert!(kgemm_kernels(GgmlType::Q4K).is_some(), "built on a CPU with AVX-512 VNNI, run on one without");
         let mut seed = 5u64;
-        let (cols, width, rows) = (256, 512, 64);
+        let (cols, width, rows) = (512, 512, 64);
         for (up_type, threads) in [(GgmlType::Q4K, 1), (GgmlType::Q4K, 3), (GgmlType::Q6K, 3)] {
             let (gate, up) = (layer(up_type, width, cols, &mut seed), layer(up_type, width, cols, &mut seed));
             let down = layer(GgmlType::Q6K, rows, width, &mut seed);
             let mlp = MlpLayers { gate: &gate, up: &up, down: &down };
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
-            for (n, act) in [(16usize, silu_mul as GateFn), (37, silu_mul as GateFn), (37, gelu_tanh_mul as GateFn)] {
+            // 300 tokens: 19 groups, more than a task takes (16).
+            for (n, act) in [(16usize, silu_mul as GateFn), (37, silu_mul as GateFn), (37, gelu_tanh_mul as GateFn), (300, silu_mul as GateFn)] {
                 let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 4001) as f32 / 1000.0 - 2.0).collect();
                 let (want, got) = pool.install(|| {
                     let mut out = vec![f32::NAN; n * rows];
