@@ -118,8 +118,9 @@ thread_local! {
 /// `out = down · act(gate · x, up · x)` for `n` tokens of `x`, fused (see
 /// the module). Returns false, having done nothing, where it does not
 /// apply: fewer than 16 tokens, projections without grouped K-quant kernels
-/// in `precision` (or with a bias or refined input), or an intermediate
-/// width that is not a multiple of 256.
+/// in `precision` (or with a bias or refined input), shapes that do not
+/// chain (gate and up of different shapes, down not taking their width, a
+/// width that is not a multiple of 256), or `x`/`out` too short.
 pub fn gated_mlp_fused(mlp: &MlpLayers<'_>, x: &[f32], n: usize, precision: MatmulPrecision, act: GateFn, out: &mut [f32]) -> Result<bool> {
     let (cols, width) = (mlp.gate.cols(), mlp.gate.rows());
     let (Some(gate), Some(up), Some(_)) = (mlp.gate.grouped_rows(precision), mlp.up.grouped_rows(precision), mlp.down.grouped_rows(precision))
