@@ -4,11 +4,15 @@
 use std::sync::OnceLock;
 
 mod element;
+#[cfg(target_arch = "x86_64")]
+mod rows_wide;
 mod scores;
+mod scores_many;
 #[cfg(target_arch = "x86_64")]
 mod transpose;
 pub use element::{narrow_to_f16, KvElement};
 pub use scores::scaled_dots;
+pub use scores_many::scaled_dots_many;
 #[cfg(target_arch = "x86_64")]
 pub use transpose::transpose16;
 
@@ -86,6 +90,12 @@ pub fn weighted_sum_heads<T: KvElement>(out: &mut [f32], n: usize, weights: &[f3
     let rows = starts.len().min(stride);
     assert!(heads == 0 || weights.len() >= (heads - 1) * stride + rows, "weighted_sum_heads: too few weights");
     assert!(starts[..rows].iter().all(|&s| s + n <= data.len()), "weighted_sum_heads: a row runs past the data");
+    #[cfg(target_arch = "x86_64")]
+    if n.is_multiple_of(16) && heads > 0 && rows_wide::available() {
+        // SAFETY: AVX-512F detected; heads, weights and rows as checked above.
+        unsafe { rows_wide::weighted_sum_heads(out.as_mut_ptr(), heads, n, weights, stride, data.as_ptr(), &starts[..rows]) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if use_avx2() && n.is_multiple_of(16) {
         let mut h = 0;
@@ -291,7 +301,7 @@ mod tests {
 
     #[test]
     fn weighted_sum_heads_equals_weighted_sum_per_head() {
-        for (n, heads) in [(16usize, 1usize), (32, 6), (128, 7), (64, 3), (40, 2), (64, 1), (256, 2), (48, 2)] {
+        for (n, heads) in [(16usize, 1usize), (32, 6), (128, 7), (64, 3), (40, 2), (64, 1), (256, 2), (48, 2), (80, 5), (128, 12)] {
             let rows = 11;
             let data: Vec<f32> = (0..n * 13).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
             let starts: Vec<usize> = (0..rows).map(|i| (i * 7 % 13) * n).collect();
@@ -299,11 +309,18 @@ mod tests {
             let weights: Vec<f32> = (0..heads * stride).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
             let mut all = vec![0f32; heads * n];
             weighted_sum_heads(&mut all, n, &weights, stride, &data, &starts);
+            // f16 rows too (widened sixteen at a time on the 512-bit path).
+            let narrow: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let mut all16 = vec![0f32; heads * n];
+            weighted_sum_heads(&mut all16, n, &weights, stride, &narrow, &starts);
             for h in 0..heads {
                 let mut one = vec![0f32; n];
                 weighted_sum(&mut one, &weights[h * stride..h * stride + rows], &data, &starts);
                 let got: Vec<u32> = all[h * n..(h + 1) * n].iter().map(|v| v.to_bits()).collect();
                 assert_eq!(got, one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n {n}, head {h} of {heads}");
+                weighted_sum(&mut one, &weights[h * stride..h * stride + rows], &narrow, &starts);
+                let got: Vec<u32> = all16[h * n..(h + 1) * n].iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "f16: n {n}, head {h} of {heads}");
             }
         }
     }

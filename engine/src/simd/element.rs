@@ -26,6 +26,14 @@ pub trait KvElement: sealed::Sealed + Copy + Send + Sync + 'static {
     /// F16C enabled (it is inlined into such callers).
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+
+    /// Sixteen consecutive values from `p`, widened.
+    ///
+    /// # Safety
+    /// `p..p + 16` must be readable, and the caller must run with AVX-512F
+    /// enabled (it is inlined into such callers).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl KvElement for f32 {
@@ -39,6 +47,13 @@ impl KvElement for f32 {
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller guarantees 8 readable values and AVX.
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller guarantees 16 readable values and AVX-512F.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
 }
 
@@ -54,6 +69,14 @@ impl KvElement for f16 {
         use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128, __m128i};
         // SAFETY: the caller guarantees 8 readable values (16 bytes) and F16C.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps, __m256i};
+        // SAFETY: the caller guarantees 16 readable values (32 bytes) and AVX-512F.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<__m256i>())) }
     }
 }
 

@@ -46,14 +46,14 @@ fn dot_in_lanes<T: KvElement>(q: &[f32], k: &[T]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx {
+pub(super) mod avx {
     use super::KvElement;
     use std::arch::x86_64::*;
 
     /// Lane i of the result: the pairwise sum of `acc[i]`'s lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn sum_each(acc: [__m256; 8]) -> __m256 {
+    pub(in crate::simd) fn sum_each(acc: [__m256; 8]) -> __m256 {
         // hadd pairs neighbours within each 128-bit half: after two rounds,
         // half h of g0 holds rows 0-3's (l0+l1)+(l2+l3) (h = 0) or
         // (l4+l5)+(l6+l7) (h = 1), and g1 the same for rows 4-7.

@@ -53,21 +53,38 @@ fn attention_over<T: KvElement>(q: &[f32], out: &mut [f32], keys: &[T], values: 
     assert!(q.len() >= layout.num_rows() * width && out.len() >= layout.num_rows() * width, "attention buffers hold every row");
     let out_ptr = SendPtr(out.as_mut_ptr());
     tasks.par_iter().for_each(|&(s, h, first)| {
-        let mut scratch = Scratch::default();
+        let mut scratch = TASK_SCRATCH.with(|cell| cell.take());
         let mut acc = vec![0f32; heads_per_task * shape.head_dim];
         let last = (first + QUERY_CHUNK).min(layout.seq_rows(s).end);
-        for t in first..last {
-            let row = t * width + h * shape.head_dim;
-            let qh = &q[row..row + heads_per_task * shape.head_dim];
-            let positions = layout.positions[t] + 1;
-            let first = window.map_or(0, |w| positions.saturating_sub(w));
-            let blocks = KeyBlocks { table: layout.table(s), block_size: layout.block_size, first, positions };
-            attend(qh, blocks, keys, values, h, shape, &mut scratch, &mut acc);
+        let write = |t: usize, acc: &[f32]| {
             // SAFETY: heads h..h + heads_per_task of row t are owned by exactly this task;
-            // row + heads_per_task * head_dim <= out.len() (asserted above).
-            unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out_ptr.get().add(row), acc.len()) };
+            // they lie inside `out` (asserted above).
+            unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out_ptr.get().add(t * width + h * shape.head_dim), acc.len()) };
+        };
+        let from_zero = (first..last).all(|t| window.is_none_or(|w| layout.positions[t] < w));
+        if from_zero && heads_per_task * (last - first) >= 2 {
+            let chunk = QueryChunk { q, width, head: h, heads: heads_per_task, rows: first..last, seq: s };
+            attend_chunk(&chunk, layout, keys, values, shape, &mut scratch, &mut acc, write);
+        } else {
+            for t in first..last {
+                let row = t * width + h * shape.head_dim;
+                let qh = &q[row..row + heads_per_task * shape.head_dim];
+                let positions = layout.positions[t] + 1;
+                let first = window.map_or(0, |w| positions.saturating_sub(w));
+                let blocks = KeyBlocks { table: layout.table(s), block_size: layout.block_size, first, positions };
+                attend(qh, blocks, keys, values, h, shape, &mut scratch, &mut acc);
+                write(t, &acc);
+            }
         }
+        TASK_SCRATCH.with(|cell| cell.replace(scratch));
     });
+}
+
+thread_local! {
+    /// Each pool thread's [`Scratch`], kept between tasks and steps (its
+    /// scores reach hundreds of KB for long prompts: allocating them per
+    /// task faulted fresh pages in every time).
+    static TASK_SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 /// All the query heads of a KV head in one task, unless that leaves fewer
@@ -136,6 +153,73 @@ fn attend<T: KvElement>(q: &[f32], blocks: KeyBlocks<'_>, keys: &[T], values: &[
     simd::weighted_sum_heads(acc, d, &scratch.scores, n, values, &scratch.starts);
 }
 
+/// A task's queries: rows `rows` of sequence `seq`, query heads
+/// `head..head + heads` (all of one KV head, or one head), in `q` of rows
+/// `width` apart.
+struct QueryChunk<'a> {
+    q: &'a [f32],
+    width: usize,
+    head: usize,
+    heads: usize,
+    rows: std::ops::Range<usize>,
+    seq: usize,
+}
+
+/// Bytes of scores a pass of [`attend_chunk`] keeps (a few queries' worth,
+/// in the L2).
+/// (Small in unit tests, so that short sequences take several passes.)
+const SCORE_BYTES: usize = if cfg!(test) { 8 << 10 } else { 512 << 10 };
+
+/// [`attend`] for every query of `chunk` whose keys start at position 0,
+/// with the same bits: the scores of several queries and heads at a time
+/// ([`simd::scaled_dots_many`], each key row read once for up to six
+/// query vectors), over the keys of the chunk's last position (a query's
+/// later keys are scored and left unread), then each query's softmax and
+/// weighted sum over its own positions. `write(t, out)` takes row t's heads.
+#[allow(clippy::too_many_arguments)]
+fn attend_chunk<T: KvElement>(
+    chunk: &QueryChunk<'_>,
+    layout: &StepLayout,
+    keys: &[T],
+    values: &[T],
+    shape: HeadShape,
+    scratch: &mut Scratch,
+    acc: &mut [f32],
+    write: impl Fn(usize, &[f32]),
+) {
+    let d = shape.head_dim;
+    let kv_dim = shape.num_kv_heads * d;
+    let group = shape.num_heads / shape.num_kv_heads;
+    let positions = chunk.rows.clone().map(|t| layout.positions[t] + 1).max().unwrap_or(0);
+    let blocks = KeyBlocks { table: layout.table(chunk.seq), block_size: layout.block_size, first: 0, positions };
+    blocks.fill_starts(&mut scratch.starts, kv_dim, (chunk.head / group) * d);
+    let n = scratch.starts.len();
+    let per_pass = (SCORE_BYTES / (4 * chunk.heads * n.max(1))).clamp(1, chunk.rows.len().max(1));
+    let rows: Vec<usize> = chunk.rows.clone().collect();
+    for pass in rows.chunks(per_pass) {
+        let qs: Vec<&[f32]> = pass
+            .iter()
+            .flat_map(|&t| (0..chunk.heads).map(move |i| t * chunk.width + (chunk.head + i) * d))
+            .map(|at| &chunk.q[at..at + d])
+            .collect();
+        // Every score of the pass is written below: no need to clear them.
+        if scratch.scores.len() < qs.len() * n {
+            scratch.scores.resize(qs.len() * n, 0.0);
+        }
+        simd::scaled_dots_many(&mut scratch.scores, n, &qs, shape.scale, keys, &scratch.starts);
+        for (i, &t) in pass.iter().enumerate() {
+            // The query's own keys: the first positions[t] + 1 (never more than n).
+            let own = (layout.positions[t] + 1).min(n);
+            let scores = &mut scratch.scores[i * chunk.heads * n..(i + 1) * chunk.heads * n];
+            for head in scores.chunks_exact_mut(n.max(1)) {
+                softmax(&mut head[..own]);
+            }
+            simd::weighted_sum_heads(acc, d, scores, n, values, &scratch.starts[..own]);
+            write(t, acc);
+        }
+    }
+}
+
 /// In-place softmax; 8 lanes wide where the CPU has AVX2, the same bits
 /// either way.
 fn softmax(scores: &mut [f32]) {
@@ -200,6 +284,56 @@ mod tests {
     fn key_slots_follow_the_block_table() {
         assert_eq!(starts(0, 5), vec![20, 21, 22, 23, 8], "block 5 whole, then the first slot of block 2");
         assert_eq!(starts(0, 12), vec![20, 21, 22, 23, 8, 9, 10, 11, 36, 37, 38, 39]);
+    }
+
+    /// A layout of one sequence whose new rows are at `positions` (16 slots
+    /// per block, the blocks in reverse order).
+    fn layout(positions: std::ops::Range<usize>, blocks: usize) -> StepLayout {
+        let rows = positions.len();
+        StepLayout {
+            ids: vec![0; rows],
+            positions: positions.clone().collect(),
+            slots: vec![0; rows],
+            tables: (0..blocks as i32).rev().collect(),
+            max_blocks: blocks,
+            q_starts: vec![0, rows as i32],
+            start_pos: vec![positions.start as i32],
+            seq_of: vec![0; rows],
+            decode_seqs: 0,
+            rows: Vec::new(),
+            ranges: std::iter::once(0..0).collect(),
+            block_size: 16,
+        }
+    }
+
+    #[test]
+    fn chunks_of_queries_give_the_bits_of_each_query_alone() {
+        use crate::kv::KvDtype;
+        let shape = HeadShape { num_heads: 12, num_kv_heads: 4, head_dim: 16, scale: 0.25 };
+        let (kv_dim, width, positions): (usize, usize, usize) = (4 * 16, 12 * 16, 300);
+        let blocks = positions.div_ceil(16);
+        let value = |i: usize| (((i * 37 + 11) % 101) as f32 - 50.0) / 23.0;
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let mut kv = KvPool::new(1, blocks, 16, kv_dim, dtype);
+            let table: Vec<i32> = (0..blocks as i32).rev().collect();
+            for pos in 0..positions {
+                let slot = table[pos / 16] as usize * 16 + pos % 16;
+                let key: Vec<f32> = (0..kv_dim).map(|i| value(pos * kv_dim + i)).collect();
+                let val: Vec<f32> = (0..kv_dim).map(|i| value(pos * kv_dim + i + 7)).collect();
+                kv.write(0, slot, &key, &val);
+            }
+            // 40 queries, the last at the last position: three chunks, some of 16.
+            let rows = positions - 40..positions;
+            let q: Vec<f32> = (0..rows.len() * width).map(|i| value(i + 3) * 0.5).collect();
+            let mut together = vec![f32::NAN; rows.len() * width];
+            paged_attention(&q, &mut together, &kv, 0, &layout(rows.clone(), blocks), shape, None);
+            for (i, pos) in rows.enumerate() {
+                let mut alone = vec![f32::NAN; width];
+                paged_attention(&q[i * width..(i + 1) * width], &mut alone, &kv, 0, &layout(pos..pos + 1, blocks), shape, None);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&together[i * width..(i + 1) * width]), bits(&alone), "{dtype:?}: query at {pos}");
+            }
+        }
     }
 
     #[test]
