@@ -126,6 +126,44 @@ pub fn weighted_sum_heads<T: KvElement>(out: &mut [f32], n: usize, weights: &[f3
     }
 }
 
+/// [`weighted_sum_heads`] added onto `out`'s values, continuing each
+/// element's chain of fused multiply-adds: over rows `a` and then rows `b`
+/// it gives the bits of [`weighted_sum_heads`] over `a` followed by `b`
+/// (from zeros, as `out` holds them at first). Panics as that does.
+pub fn weighted_sum_heads_onto<T: KvElement>(out: &mut [f32], n: usize, weights: &[f32], stride: usize, data: &[T], starts: &[usize]) {
+    let heads = out.len().checked_div(n).unwrap_or(0);
+    let rows = starts.len().min(stride);
+    assert!(heads == 0 || weights.len() >= (heads - 1) * stride + rows, "weighted_sum_heads_onto: too few weights");
+    assert!(starts[..rows].iter().all(|&s| s + n <= data.len()), "weighted_sum_heads_onto: a row runs past the data");
+    #[cfg(target_arch = "x86_64")]
+    if n.is_multiple_of(16) && heads > 0 && rows_wide::available() {
+        // SAFETY: AVX-512F detected; heads, weights and rows as checked above.
+        unsafe { rows_wide::weighted_sum_heads_onto(out.as_mut_ptr(), heads, n, weights, stride, data.as_ptr(), &starts[..rows]) };
+        return;
+    }
+    for (h, o) in out.chunks_exact_mut(n.max(1)).take(heads).enumerate() {
+        for (&w, &start) in weights[h * stride..h * stride + rows].iter().zip(&starts[..rows]) {
+            for (o, &x) in o.iter_mut().zip(&data[start..start + n]) {
+                *o = w.mul_add(x.to_f32(), *o);
+            }
+        }
+    }
+}
+
+/// Whether [`weighted_sum_heads_onto`] runs on vector registers on this
+/// CPU (AVX-512F, rows a multiple of 16 wide); elsewhere it is a plain loop.
+pub fn sums_onto_in_registers(n: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        n.is_multiple_of(16) && rows_wide::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = n;
+        false
+    }
+}
+
 /// `e^x` in f32 without a libm call, so loops over it vectorize: Cody-Waite
 /// range reduction and the Cephes `expf` polynomial (relative error about
 /// 2e-7). Returns exactly `0` below -87 (so `-inf` gives `0`) and exactly `1`
@@ -298,6 +336,26 @@ mod avx_rows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sums_onto_over_split_rows_give_the_bits_of_one_sum() {
+        for (n, heads) in [(16usize, 1usize), (128, 6), (64, 7), (40, 2)] {
+            let rows = 23;
+            let data: Vec<f32> = (0..n * 29).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let starts: Vec<usize> = (0..rows).map(|i| (i * 7 % 29) * n).collect();
+            let stride = rows + 1;
+            let weights: Vec<f32> = (0..heads * stride).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
+            let mut whole = vec![0f32; heads * n];
+            weighted_sum_heads(&mut whole, n, &weights, stride, &data, &starts);
+            for split in [0usize, 1, 9, 23] {
+                let mut parts = vec![0f32; heads * n];
+                weighted_sum_heads_onto(&mut parts, n, &weights, stride, &data, &starts[..split]);
+                weighted_sum_heads_onto(&mut parts, n, &weights[split..], stride, &data, &starts[split..]);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&parts), bits(&whole), "n {n}, {heads} heads, split at {split}");
+            }
+        }
+    }
 
     #[test]
     fn weighted_sum_heads_equals_weighted_sum_per_head() {

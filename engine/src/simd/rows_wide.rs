@@ -22,6 +22,27 @@ pub fn available() -> bool {
 /// `start..start + n` of `data` is readable.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 pub unsafe fn weighted_sum_heads<T: KvElement>(out: *mut f32, heads: usize, n: usize, weights: &[f32], stride: usize, data: *const T, starts: &[usize]) {
+    // SAFETY: forwarded.
+    unsafe { heads_from::<T, false>(out, heads, n, weights, stride, data, starts) }
+}
+
+/// [`weighted_sum_heads`] continued from `out`'s values (see
+/// [`super::weighted_sum_heads_onto`]).
+///
+/// # Safety
+/// As [`weighted_sum_heads`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub unsafe fn weighted_sum_heads_onto<T: KvElement>(out: *mut f32, heads: usize, n: usize, weights: &[f32], stride: usize, data: *const T, starts: &[usize]) {
+    // SAFETY: forwarded.
+    unsafe { heads_from::<T, true>(out, heads, n, weights, stride, data, starts) }
+}
+
+/// Both entries: the accumulators start from zeros, or from `out` (`ONTO`).
+///
+/// # Safety
+/// As [`weighted_sum_heads`], with its target features enabled.
+#[inline(always)]
+unsafe fn heads_from<T: KvElement, const ONTO: bool>(out: *mut f32, heads: usize, n: usize, weights: &[f32], stride: usize, data: *const T, starts: &[usize]) {
     let mut h = 0;
     while h < heads {
         let take = (heads - h).min(6);
@@ -32,23 +53,23 @@ pub unsafe fn weighted_sum_heads<T: KvElement>(out: *mut f32, heads: usize, n: u
         unsafe {
             while col + 64 <= n {
                 match take {
-                    6 => block::<T, 6, 4>(o, col, n, w, stride, data, starts),
-                    5 => block::<T, 5, 4>(o, col, n, w, stride, data, starts),
-                    4 => block::<T, 4, 4>(o, col, n, w, stride, data, starts),
-                    3 => block::<T, 3, 4>(o, col, n, w, stride, data, starts),
-                    2 => block::<T, 2, 4>(o, col, n, w, stride, data, starts),
-                    _ => block::<T, 1, 4>(o, col, n, w, stride, data, starts),
+                    6 => block::<T, ONTO, 6, 4>(o, col, n, w, stride, data, starts),
+                    5 => block::<T, ONTO, 5, 4>(o, col, n, w, stride, data, starts),
+                    4 => block::<T, ONTO, 4, 4>(o, col, n, w, stride, data, starts),
+                    3 => block::<T, ONTO, 3, 4>(o, col, n, w, stride, data, starts),
+                    2 => block::<T, ONTO, 2, 4>(o, col, n, w, stride, data, starts),
+                    _ => block::<T, ONTO, 1, 4>(o, col, n, w, stride, data, starts),
                 }
                 col += 64;
             }
             while col + 16 <= n {
                 match take {
-                    6 => block::<T, 6, 1>(o, col, n, w, stride, data, starts),
-                    5 => block::<T, 5, 1>(o, col, n, w, stride, data, starts),
-                    4 => block::<T, 4, 1>(o, col, n, w, stride, data, starts),
-                    3 => block::<T, 3, 1>(o, col, n, w, stride, data, starts),
-                    2 => block::<T, 2, 1>(o, col, n, w, stride, data, starts),
-                    _ => block::<T, 1, 1>(o, col, n, w, stride, data, starts),
+                    6 => block::<T, ONTO, 6, 1>(o, col, n, w, stride, data, starts),
+                    5 => block::<T, ONTO, 5, 1>(o, col, n, w, stride, data, starts),
+                    4 => block::<T, ONTO, 4, 1>(o, col, n, w, stride, data, starts),
+                    3 => block::<T, ONTO, 3, 1>(o, col, n, w, stride, data, starts),
+                    2 => block::<T, ONTO, 2, 1>(o, col, n, w, stride, data, starts),
+                    _ => block::<T, ONTO, 1, 1>(o, col, n, w, stride, data, starts),
                 }
                 col += 16;
             }
@@ -58,15 +79,22 @@ pub unsafe fn weighted_sum_heads<T: KvElement>(out: *mut f32, heads: usize, n: u
 }
 
 /// Columns `col..col + 16·C` of `H` heads: `out[h·n + c] = Σ_i w[h·stride +
-/// i] · row_i[c]`, the rows in order.
+/// i] · row_i[c]`, the rows in order, from zeros or (`ONTO`) from `out`.
 ///
 /// # Safety
 /// As [`weighted_sum_heads`], for these heads and columns.
 #[inline(always)]
-unsafe fn block<T: KvElement, const H: usize, const C: usize>(out: *mut f32, col: usize, n: usize, weights: &[f32], stride: usize, data: *const T, starts: &[usize]) {
+unsafe fn block<T: KvElement, const ONTO: bool, const H: usize, const C: usize>(out: *mut f32, col: usize, n: usize, weights: &[f32], stride: usize, data: *const T, starts: &[usize]) {
     // SAFETY (whole body): as the caller guarantees.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); C]; H];
+        if ONTO {
+            for (h, a) in acc.iter_mut().enumerate() {
+                for (c, a) in a.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(out.add(h * n + col + 16 * c));
+                }
+            }
+        }
         for (i, &start) in starts.iter().enumerate() {
             let row = data.add(start + col);
             let mut v = [_mm512_setzero_ps(); C];

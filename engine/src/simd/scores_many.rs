@@ -27,32 +27,57 @@ pub fn scaled_dots_many<T: KvElement>(out: &mut [f32], stride: usize, qs: &[&[f3
     let mut v = 0;
     #[cfg(target_arch = "x86_64")]
     if super::use_avx2() && d.is_multiple_of(8) && n > 0 {
-        let wide = avx::six_at_a_time();
-        while qs.len() - v >= 2 {
-            let take = if wide && qs.len() - v >= 6 {
-                6
-            } else if wide && qs.len() - v >= 4 {
-                4
-            } else {
-                2
-            };
-            let o = out[v * stride..].as_mut_ptr();
-            // SAFETY: AVX2/FMA/F16C detected (and AVX-512VL for six); `take`
-            // vectors of d values from v; their outputs lie in `out` (checked
-            // above); every row start..start + d is in `data` (checked).
-            unsafe {
-                match take {
-                    6 => avx::dots_six(o, stride, &qs[v..v + 6], d, scale, data.as_ptr(), starts),
-                    4 => avx::dots_four(o, stride, &qs[v..v + 4], d, scale, data.as_ptr(), starts),
-                    _ => avx::dots_two(o, stride, &qs[v..v + 2], d, scale, data.as_ptr(), starts),
-                }
-            }
-            v += take;
+        // Key rows a block at a time, every vector over a block before the
+        // next: the block stays in the L1 while all the vectors read it.
+        let block_rows = (KEY_BLOCK_BYTES / (d * std::mem::size_of::<T>())).max(4) / 4 * 4;
+        for from in (0..n).step_by(block_rows) {
+            let rows = &starts[from..(from + block_rows).min(n)];
+            // SAFETY: checked above, for all the rows and so for these.
+            v = unsafe { vectors_over(&mut out[from..], stride, qs, d, scale, data, rows) };
         }
     }
     for (i, q) in qs.iter().enumerate().skip(v) {
         super::scaled_dots(&mut out[i * stride..i * stride + n], q, scale, data, starts);
     }
+}
+
+/// Bytes of key rows per block of [`scaled_dots_many`] (within the L1).
+#[cfg(target_arch = "x86_64")]
+const KEY_BLOCK_BYTES: usize = 16 << 10;
+
+/// The vectors of `qs` two or more at a time over the rows `starts` into
+/// `out` (vector v's scores at `v · stride`); returns how many it took (all
+/// but a last odd one).
+///
+/// # Safety
+/// The checks of [`scaled_dots_many`] must have passed for these rows and
+/// vectors (their outputs lie in `out`); AVX2/FMA/F16C must be available.
+#[cfg(target_arch = "x86_64")]
+unsafe fn vectors_over<T: KvElement>(out: &mut [f32], stride: usize, qs: &[&[f32]], d: usize, scale: f32, data: &[T], starts: &[usize]) -> usize {
+    let wide = avx::six_at_a_time();
+    let mut v = 0;
+    while qs.len() - v >= 2 {
+        let take = if wide && qs.len() - v >= 6 {
+            6
+        } else if wide && qs.len() - v >= 4 {
+            4
+        } else {
+            2
+        };
+        let o = out[v * stride..].as_mut_ptr();
+        // SAFETY: AVX2/FMA/F16C detected (and AVX-512VL for six); `take`
+        // vectors of d values from v; their outputs lie in `out` (checked
+        // by the caller); every row start..start + d is in `data` (checked).
+        unsafe {
+            match take {
+                6 => avx::dots_six(o, stride, &qs[v..v + 6], d, scale, data.as_ptr(), starts),
+                4 => avx::dots_four(o, stride, &qs[v..v + 4], d, scale, data.as_ptr(), starts),
+                _ => avx::dots_two(o, stride, &qs[v..v + 2], d, scale, data.as_ptr(), starts),
+            }
+        }
+        v += take;
+    }
+    v
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -163,7 +188,8 @@ mod tests {
         for vectors in [1usize, 2, 3, 5, 6, 7, 12, 13] {
             let qs: Vec<Vec<f32>> = (0..vectors).map(|v| values(d, 3 + v)).collect();
             let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
-            for rows in [1usize, 3, 4, 5, 7, 8, 9, 16, 23] {
+            // 70 rows: several key blocks (32 rows of 128 f32), the last partial.
+            for rows in [1usize, 3, 4, 5, 7, 8, 9, 16, 23, 70] {
                 let starts: Vec<usize> = (0..rows).map(|i| (i * 13 % 37) * d).collect();
                 let stride = rows + 3;
                 let mut got = vec![f32::NAN; vectors * stride];

@@ -105,6 +105,8 @@ fn heads_per_task(layout: &StepLayout, shape: HeadShape) -> usize {
 struct Scratch {
     scores: Vec<f32>,
     starts: Vec<usize>,
+    /// [`sum_values_in_blocks`]'s sums, a pass of queries' worth.
+    sums: Vec<f32>,
 }
 
 /// The cache slots of a sequence's positions `first..positions`.
@@ -207,18 +209,64 @@ fn attend_chunk<T: KvElement>(
             scratch.scores.resize(qs.len() * n, 0.0);
         }
         simd::scaled_dots_many(&mut scratch.scores, n, &qs, shape.scale, keys, &scratch.starts);
+        // The query's own keys: the first positions[t] + 1 (never more than n).
+        let own = |t: usize| (layout.positions[t] + 1).min(n);
         for (i, &t) in pass.iter().enumerate() {
-            // The query's own keys: the first positions[t] + 1 (never more than n).
-            let own = (layout.positions[t] + 1).min(n);
-            let scores = &mut scratch.scores[i * chunk.heads * n..(i + 1) * chunk.heads * n];
-            for head in scores.chunks_exact_mut(n.max(1)) {
-                softmax(&mut head[..own]);
+            for head in scratch.scores[i * chunk.heads * n..(i + 1) * chunk.heads * n].chunks_exact_mut(n.max(1)) {
+                softmax(&mut head[..own(t)]);
             }
-            simd::weighted_sum_heads(acc, d, scores, n, values, &scratch.starts[..own]);
+        }
+        if simd::sums_onto_in_registers(d) {
+            sum_values_in_blocks(pass, own, chunk.heads, d, n, values, scratch, &write);
+            continue;
+        }
+        for (i, &t) in pass.iter().enumerate() {
+            let scores = &scratch.scores[i * chunk.heads * n..(i + 1) * chunk.heads * n];
+            simd::weighted_sum_heads(acc, d, scores, n, values, &scratch.starts[..own(t)]);
             write(t, acc);
         }
     }
 }
+
+/// Bytes of value rows per block of [`sum_values_in_blocks`] (within the
+/// L1; small in unit tests, so that short sequences take several blocks).
+const VALUE_BLOCK_BYTES: usize = if cfg!(test) { 1 << 10 } else { 16 << 10 };
+
+/// Each query of `pass` (its softmaxed scores in `scratch.scores`, `n` per
+/// head) times its own value rows (`own(t)` of them), `heads` heads of
+/// `d`: a block of rows at a time for all the queries (each block read from
+/// the L1 by all of them), the sums continued across blocks
+/// ([`simd::weighted_sum_heads_onto`]: the bits of one sum per query).
+#[allow(clippy::too_many_arguments)]
+fn sum_values_in_blocks<T: KvElement>(
+    pass: &[usize],
+    own: impl Fn(usize) -> usize,
+    heads: usize,
+    d: usize,
+    n: usize,
+    values: &[T],
+    scratch: &mut Scratch,
+    write: &impl Fn(usize, &[f32]),
+) {
+    let width = heads * d;
+    scratch.sums.clear();
+    scratch.sums.resize(pass.len() * width, 0.0);
+    let longest = pass.iter().map(|&t| own(t)).max().unwrap_or(0);
+    let block = (VALUE_BLOCK_BYTES / (d * std::mem::size_of::<T>()).max(1)).max(1);
+    for from in (0..longest).step_by(block) {
+        for (i, &t) in pass.iter().enumerate() {
+            let to = (from + block).min(own(t));
+            if to > from {
+                let weights = &scratch.scores[i * heads * n + from..];
+                simd::weighted_sum_heads_onto(&mut scratch.sums[i * width..(i + 1) * width], d, weights, n, values, &scratch.starts[from..to]);
+            }
+        }
+    }
+    for (i, &t) in pass.iter().enumerate() {
+        write(t, &scratch.sums[i * width..(i + 1) * width]);
+    }
+}
+
 
 /// In-place softmax; 8 lanes wide where the CPU has AVX2, the same bits
 /// either way.
