@@ -88,8 +88,9 @@ pub fn weighted_sum<T: KvElement>(out: &mut [f32], weights: &[f32], data: &[T], 
 pub fn weighted_sum_heads<T: KvElement>(out: &mut [f32], n: usize, weights: &[f32], stride: usize, data: &[T], starts: &[usize]) {
     let heads = out.len().checked_div(n).unwrap_or(0);
     let rows = starts.len().min(stride);
-    assert!(heads == 0 || weights.len() >= (heads - 1) * stride + rows, "weighted_sum_heads: too few weights");
-    assert!(starts[..rows].iter().all(|&s| s + n <= data.len()), "weighted_sum_heads: a row runs past the data");
+    let needed = heads.checked_sub(1).map(|last| last.checked_mul(stride).and_then(|w| w.checked_add(rows)));
+    assert!(needed.is_none_or(|needed| needed.is_some_and(|needed| weights.len() >= needed)), "weighted_sum_heads: too few weights");
+    assert!(starts[..rows].iter().all(|&s| n <= data.len() && s <= data.len() - n), "weighted_sum_heads: a row runs past the data");
     #[cfg(target_arch = "x86_64")]
     if n.is_multiple_of(16) && heads > 0 && rows_wide::available() {
         // SAFETY: AVX-512F detected; heads, weights and rows as checked above.
@@ -133,8 +134,9 @@ pub fn weighted_sum_heads<T: KvElement>(out: &mut [f32], n: usize, weights: &[f3
 pub fn weighted_sum_heads_onto<T: KvElement>(out: &mut [f32], n: usize, weights: &[f32], stride: usize, data: &[T], starts: &[usize]) {
     let heads = out.len().checked_div(n).unwrap_or(0);
     let rows = starts.len().min(stride);
-    assert!(heads == 0 || weights.len() >= (heads - 1) * stride + rows, "weighted_sum_heads_onto: too few weights");
-    assert!(starts[..rows].iter().all(|&s| s + n <= data.len()), "weighted_sum_heads_onto: a row runs past the data");
+    let needed = heads.checked_sub(1).map(|last| last.checked_mul(stride).and_then(|w| w.checked_add(rows)));
+    assert!(needed.is_none_or(|needed| needed.is_some_and(|needed| weights.len() >= needed)), "weighted_sum_heads_onto: too few weights");
+    assert!(starts[..rows].iter().all(|&s| n <= data.len() && s <= data.len() - n), "weighted_sum_heads_onto: a row runs past the data");
     #[cfg(target_arch = "x86_64")]
     if n.is_multiple_of(16) && heads > 0 && rows_wide::available() {
         // SAFETY: AVX-512F detected; heads, weights and rows as checked above.

@@ -22,20 +22,26 @@ pub fn scaled_dots_many<T: KvElement>(out: &mut [f32], stride: usize, qs: &[&[f3
     let Some(d) = qs.first().map(|q| q.len()) else { return };
     let n = starts.len();
     assert!(qs.iter().all(|q| q.len() == d), "scaled_dots_many: query vectors of different lengths");
-    assert!(stride >= n && out.len() >= (qs.len() - 1) * stride + n, "scaled_dots_many: too few outputs");
+    let needed = (qs.len() - 1).checked_mul(stride).and_then(|last| last.checked_add(n));
+    assert!(stride >= n && needed.is_some_and(|needed| out.len() >= needed), "scaled_dots_many: too few outputs");
     assert!(starts.iter().all(|&s| d <= data.len() && s <= data.len() - d), "scaled_dots_many: a row runs past the data");
-    let mut v = 0;
     #[cfg(target_arch = "x86_64")]
-    if super::use_avx2() && d.is_multiple_of(8) && n > 0 {
+    let v = if super::use_avx2() && d > 0 && d.is_multiple_of(8) && n > 0 {
         // Key rows a block at a time, every vector over a block before the
         // next: the block stays in the L1 while all the vectors read it.
         let block_rows = (KEY_BLOCK_BYTES / (d * std::mem::size_of::<T>())).max(4) / 4 * 4;
+        let mut taken = 0;
         for from in (0..n).step_by(block_rows) {
             let rows = &starts[from..(from + block_rows).min(n)];
             // SAFETY: checked above, for all the rows and so for these.
-            v = unsafe { vectors_over(&mut out[from..], stride, qs, d, scale, data, rows) };
+            taken = unsafe { vectors_over(&mut out[from..], stride, qs, d, scale, data, rows) };
         }
-    }
+        taken
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let v = 0;
     for (i, q) in qs.iter().enumerate().skip(v) {
         super::scaled_dots(&mut out[i * stride..i * stride + n], q, scale, data, starts);
     }

@@ -1,5 +1,6 @@
 //! Causal attention of a step's rows over the paged KV pool (GQA-aware), on
-//! the CPU: one task per (sequence, head, chunk of 16 queries).
+//! the CPU: one task per (sequence, head or the heads of a KV head, chunk
+//! of 16 queries).
 
 use crate::backend::StepLayout;
 use crate::kv::{KvLayer, KvPool};
@@ -27,9 +28,11 @@ const QUERY_CHUNK: usize = 16;
 /// the first of the last `window` positions (blocks wholly before it are
 /// not read); `q` and `out` are `[rows, num_heads * head_dim]`.
 ///
-/// The query heads that share a KV head are taken together where there are
-/// enough tasks to keep the pool busy: each key and value row is then read
-/// once for all of them. Every head's arithmetic is the same either way.
+/// The query heads that share a KV head are taken together where the tasks
+/// keep the pool busy or split evenly over it ([`heads_per_task`]), and a
+/// task's queries are scored together where no window cuts them
+/// ([`attend_chunk`]): each key and value row is then read once for all of
+/// them. Every head's arithmetic is the same either way.
 /// Rows stored as `f16` are widened exactly as they are read.
 pub fn paged_attention(q: &[f32], out: &mut [f32], kv: &KvPool, layer: usize, layout: &StepLayout, shape: HeadShape, window: Option<usize>) {
     match kv.layer(layer) {
@@ -57,6 +60,7 @@ fn attention_over<T: KvElement>(q: &[f32], out: &mut [f32], keys: &[T], values: 
         let mut acc = vec![0f32; heads_per_task * shape.head_dim];
         let last = (first + QUERY_CHUNK).min(layout.seq_rows(s).end);
         let write = |t: usize, acc: &[f32]| {
+            debug_assert!((first..last).contains(&t) && acc.len() == heads_per_task * shape.head_dim);
             // SAFETY: heads h..h + heads_per_task of row t are owned by exactly this task;
             // they lie inside `out` (asserted above).
             unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out_ptr.get().add(t * width + h * shape.head_dim), acc.len()) };
@@ -106,7 +110,8 @@ fn heads_per_task(layout: &StepLayout, shape: HeadShape) -> usize {
     }
 }
 
-/// Per-task buffers reused across the task's queries.
+/// A task's buffers, kept by each pool thread across tasks and steps
+/// ([`TASK_SCRATCH`]).
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
@@ -273,7 +278,6 @@ fn sum_values_in_blocks<T: KvElement>(
     }
 }
 
-
 /// In-place softmax; 8 lanes wide where the CPU has AVX2, the same bits
 /// either way.
 fn softmax(scores: &mut [f32]) {
@@ -379,20 +383,26 @@ mod tests {
             // 40 queries, the last at the last position: three chunks, some of 16.
             let rows = positions - 40..positions;
             let q: Vec<f32> = (0..rows.len() * width).map(|i| value(i + 3) * 0.5).collect();
-            let mut together = vec![f32::NAN; rows.len() * width];
-            paged_attention(&q, &mut together, &kv, 0, &layout(rows.clone(), blocks), shape, None);
-            // Alone, on three threads: four tasks of a KV head each do not
-            // split evenly, so each query takes one head at a time (`attend`).
+            // Together on two threads (the heads of a KV head grouped, whatever
+            // this machine's thread count); alone on three: four tasks of a KV
+            // head each do not split evenly, so each query takes one head at a
+            // time (`attend`).
             let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("a pool of three threads");
             let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
-            for (i, pos) in rows.enumerate() {
-                let mut alone = vec![f32::NAN; width];
-                let one = layout(pos..pos + 1, blocks);
-                assert_eq!(three.install(|| heads_per_task(&one, shape)), 1, "the reference takes a head at a time");
-                assert_eq!(two.install(|| heads_per_task(&one, shape)), 3, "two threads share four grouped tasks evenly");
-                three.install(|| paged_attention(&q[i * width..(i + 1) * width], &mut alone, &kv, 0, &one, shape, None));
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&together[i * width..(i + 1) * width]), bits(&alone), "{dtype:?}: query at {pos}");
+            // A window of 280 leaves the first chunk (260..276) whole and cuts
+            // the others, which then take one query at a time.
+            for window in [None, Some(280)] {
+                let mut together = vec![f32::NAN; rows.len() * width];
+                two.install(|| paged_attention(&q, &mut together, &kv, 0, &layout(rows.clone(), blocks), shape, window));
+                for (i, pos) in rows.clone().enumerate() {
+                    let mut alone = vec![f32::NAN; width];
+                    let one = layout(pos..pos + 1, blocks);
+                    assert_eq!(three.install(|| heads_per_task(&one, shape)), 1, "the reference takes a head at a time");
+                    assert_eq!(two.install(|| heads_per_task(&one, shape)), 3, "two threads share four grouped tasks evenly");
+                    three.install(|| paged_attention(&q[i * width..(i + 1) * width], &mut alone, &kv, 0, &one, shape, window));
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&together[i * width..(i + 1) * width]), bits(&alone), "{dtype:?}, window {window:?}: query at {pos}");
+                }
             }
         }
     }
