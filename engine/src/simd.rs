@@ -86,11 +86,7 @@ pub fn weighted_sum<T: KvElement>(out: &mut [f32], weights: &[f32], data: &[T], 
 /// every output equals [`weighted_sum`]'s for that head bit for bit (the same
 /// fused multiply-adds in the same order).
 pub fn weighted_sum_heads<T: KvElement>(out: &mut [f32], n: usize, weights: &[f32], stride: usize, data: &[T], starts: &[usize]) {
-    let heads = out.len().checked_div(n).unwrap_or(0);
-    let rows = starts.len().min(stride);
-    let needed = heads.checked_sub(1).map(|last| last.checked_mul(stride).and_then(|w| w.checked_add(rows)));
-    assert!(needed.is_none_or(|needed| needed.is_some_and(|needed| weights.len() >= needed)), "weighted_sum_heads: too few weights");
-    assert!(starts[..rows].iter().all(|&s| n <= data.len() && s <= data.len() - n), "weighted_sum_heads: a row runs past the data");
+    let (heads, rows) = heads_and_rows(out.len(), n, weights.len(), stride, data.len(), starts, "weighted_sum_heads");
     #[cfg(target_arch = "x86_64")]
     if n.is_multiple_of(16) && heads > 0 && rows_wide::available() {
         // SAFETY: AVX-512F detected; heads, weights and rows as checked above.
@@ -127,16 +123,24 @@ pub fn weighted_sum_heads<T: KvElement>(out: &mut [f32], n: usize, weights: &[f3
     }
 }
 
+/// The heads (`out_len / n`) and rows (`starts`, at most `stride`) of a
+/// weighted sum over heads; panics (naming `what`) if the weights are too
+/// few or a row runs past the data.
+fn heads_and_rows(out_len: usize, n: usize, weights: usize, stride: usize, data: usize, starts: &[usize], what: &str) -> (usize, usize) {
+    let heads = out_len.checked_div(n).unwrap_or(0);
+    let rows = starts.len().min(stride);
+    let needed = heads.checked_sub(1).map(|last| last.checked_mul(stride).and_then(|w| w.checked_add(rows)));
+    assert!(needed.is_none_or(|needed| needed.is_some_and(|needed| weights >= needed)), "{what}: too few weights");
+    assert!(starts[..rows].iter().all(|&s| n <= data && s <= data - n), "{what}: a row runs past the data");
+    (heads, rows)
+}
+
 /// [`weighted_sum_heads`] added onto `out`'s values, continuing each
 /// element's chain of fused multiply-adds: over rows `a` and then rows `b`
 /// it gives the bits of [`weighted_sum_heads`] over `a` followed by `b`
 /// (from zeros, as `out` holds them at first). Panics as that does.
 pub fn weighted_sum_heads_onto<T: KvElement>(out: &mut [f32], n: usize, weights: &[f32], stride: usize, data: &[T], starts: &[usize]) {
-    let heads = out.len().checked_div(n).unwrap_or(0);
-    let rows = starts.len().min(stride);
-    let needed = heads.checked_sub(1).map(|last| last.checked_mul(stride).and_then(|w| w.checked_add(rows)));
-    assert!(needed.is_none_or(|needed| needed.is_some_and(|needed| weights.len() >= needed)), "weighted_sum_heads_onto: too few weights");
-    assert!(starts[..rows].iter().all(|&s| n <= data.len() && s <= data.len() - n), "weighted_sum_heads_onto: a row runs past the data");
+    let (heads, rows) = heads_and_rows(out.len(), n, weights.len(), stride, data.len(), starts, "weighted_sum_heads_onto");
     #[cfg(target_arch = "x86_64")]
     if n.is_multiple_of(16) && heads > 0 && rows_wide::available() {
         // SAFETY: AVX-512F detected; heads, weights and rows as checked above.

@@ -52,29 +52,35 @@ unsafe fn heads_from<T: KvElement, const ONTO: bool>(out: *mut f32, heads: usize
         // columns col..col + 16·C, which lie inside n.
         unsafe {
             while col + 64 <= n {
-                match take {
-                    6 => block::<T, ONTO, 6, 4>(o, col, n, w, stride, data, starts),
-                    5 => block::<T, ONTO, 5, 4>(o, col, n, w, stride, data, starts),
-                    4 => block::<T, ONTO, 4, 4>(o, col, n, w, stride, data, starts),
-                    3 => block::<T, ONTO, 3, 4>(o, col, n, w, stride, data, starts),
-                    2 => block::<T, ONTO, 2, 4>(o, col, n, w, stride, data, starts),
-                    _ => block::<T, ONTO, 1, 4>(o, col, n, w, stride, data, starts),
-                }
+                columns::<T, ONTO, 4>(take, o, col, n, w, stride, data, starts);
                 col += 64;
             }
             while col + 16 <= n {
-                match take {
-                    6 => block::<T, ONTO, 6, 1>(o, col, n, w, stride, data, starts),
-                    5 => block::<T, ONTO, 5, 1>(o, col, n, w, stride, data, starts),
-                    4 => block::<T, ONTO, 4, 1>(o, col, n, w, stride, data, starts),
-                    3 => block::<T, ONTO, 3, 1>(o, col, n, w, stride, data, starts),
-                    2 => block::<T, ONTO, 2, 1>(o, col, n, w, stride, data, starts),
-                    _ => block::<T, ONTO, 1, 1>(o, col, n, w, stride, data, starts),
-                }
+                columns::<T, ONTO, 1>(take, o, col, n, w, stride, data, starts);
                 col += 16;
             }
         }
         h += take;
+    }
+}
+
+/// [`block`] for `take` (1 to 6) heads, `16·C` columns.
+///
+/// # Safety
+/// As [`block`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn columns<T: KvElement, const ONTO: bool, const C: usize>(take: usize, o: *mut f32, col: usize, n: usize, w: &[f32], stride: usize, data: *const T, starts: &[usize]) {
+    // SAFETY: forwarded.
+    unsafe {
+        match take {
+            6 => block::<T, ONTO, 6, C>(o, col, n, w, stride, data, starts),
+            5 => block::<T, ONTO, 5, C>(o, col, n, w, stride, data, starts),
+            4 => block::<T, ONTO, 4, C>(o, col, n, w, stride, data, starts),
+            3 => block::<T, ONTO, 3, C>(o, col, n, w, stride, data, starts),
+            2 => block::<T, ONTO, 2, C>(o, col, n, w, stride, data, starts),
+            _ => block::<T, ONTO, 1, C>(o, col, n, w, stride, data, starts),
+        }
     }
 }
 
