@@ -2,7 +2,9 @@
 //! over one layer's worth of Q4_1 rows, and activation quantization; K-quant
 //! (Q4_K, Q6_K) decode over 256 MiB of weights (bytes/s, against the machine's
 //! memory read bandwidth measured in the same run by `memory_read`) and the
-//! K-quant prefill GEMM on Qwen2.5-1.5B layer shapes (multiply-adds/s).
+//! K-quant prefill GEMM on Qwen2.5-1.5B layer shapes (multiply-adds/s); the
+//! one-group kernel with its weights in the L2, and one-token decode on two
+//! threads.
 //!
 //! `cargo bench -p spindle-benches --bench kernels`
 
@@ -334,5 +336,86 @@ fn bench_memory_read(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_kernels, bench_kquant_decode, bench_kquant_decode_batch, bench_kquant_prefill, bench_memory_read);
+/// The grouped kernel for one group (batched decode of 16 sequences) with
+/// its weights in the L2 (1 MiB, 256 passes): the kernel's own speed,
+/// next to `kquant_decode_16tok_256MiB` (weights from memory).
+fn bench_kquant_decode_l2(c: &mut Criterion) {
+    let cols = 1536;
+    let nb = cols / 256;
+    let tokens = 16;
+    let mut group = c.benchmark_group("kquant_decode_16tok_l2");
+    group.sample_size(10);
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        let Some(g) = kgemm_kernels(dtype) else { continue };
+        let row_bytes = nb * dtype.type_size();
+        let rows = (1 << 20) / row_bytes / 4 * 4;
+        let weights = kquant_rows(dtype, rows, cols);
+        let xq = quantize_k(tokens, cols);
+        let groups = interleave_k(&xq, tokens, nb);
+        let mut out = vec![[[0f32; GROUP]; 4]; 1];
+        group.throughput(Throughput::Bytes(weights.len() as u64 * 256));
+        group.bench_function(format!("{dtype:?}/grouped"), |b| {
+            b.iter(|| {
+                for _ in 0..256 {
+                    for four in weights.chunks_exact(4 * row_bytes) {
+                        let (a, rest) = four.split_at(row_bytes);
+                        let (b2, rest) = rest.split_at(row_bytes);
+                        let (c2, d) = rest.split_at(row_bytes);
+                        (g.rows4)([a, b2, c2, d], black_box(&groups), nb, &mut out);
+                    }
+                }
+                out[0][0][0]
+            })
+        });
+    }
+    group.finish();
+}
+
+/// One-token decode over 256 MiB on two threads, each half the rows (as the
+/// engine splits a matrix): against `memory_read_256MiB/2threads` in the
+/// same run, whether single-sequence decode is at the memory limit.
+fn bench_kquant_decode_2t(c: &mut Criterion) {
+    let mut group = c.benchmark_group("kquant_decode_1tok_2threads");
+    group.sample_size(10);
+    let cols = 1536;
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        let Some(k) = kdot_kernels(dtype) else { continue };
+        let row_bytes = cols / 256 * dtype.type_size();
+        let rows = (256usize << 20) / row_bytes / 8 * 8;
+        let weights = kquant_rows(dtype, rows, cols);
+        let xq = quantize_k(1, cols);
+        group.throughput(Throughput::Bytes(weights.len() as u64));
+        let run = |w: &[u8]| {
+            let mut acc = 0f32;
+            for four in w.chunks_exact(4 * row_bytes) {
+                let (a, rest) = four.split_at(row_bytes);
+                let (b2, rest) = rest.split_at(row_bytes);
+                let (c2, d) = rest.split_at(row_bytes);
+                acc += (k.rows4)([a, b2, c2, d], black_box(&xq))[0];
+            }
+            acc
+        };
+        group.bench_function(format!("{dtype:?}/{cols}cols"), |b| {
+            b.iter(|| {
+                let (lo, hi) = weights.split_at(weights.len() / 2);
+                std::thread::scope(|s| {
+                    let h = s.spawn(|| run(hi));
+                    run(lo) + h.join().unwrap_or(0.0)
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_kernels,
+    bench_kquant_decode,
+    bench_kquant_decode_batch,
+    bench_kquant_prefill,
+    bench_memory_read,
+    bench_kquant_decode_l2,
+    bench_kquant_decode_2t
+);
 criterion_main!(benches);

@@ -218,17 +218,103 @@ pub(super) struct Unpacked {
 /// and F16C enabled (this is inlined into it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn unpack_row<F: Format>(wb: &[u8], row: &mut Unpacked) {
-    // SAFETY: wb is one whole super-block; row.u holds 8 aligned registers of 32 bytes.
+unsafe fn unpack_row<F: GroupedValues>(wb: &[u8], row: &mut Unpacked) {
+    // SAFETY: wb is one whole super-block; AVX-512F/BW enabled in the caller.
     unsafe {
-        for k in 0..8 {
-            _mm256_store_si256(row.u.as_mut_ptr().add(32 * k) as *mut __m256i, F::values(wb.as_ptr(), k));
-        }
+        F::unpack_values(wb.as_ptr(), &mut row.u);
         row.d = F::d(wb.as_ptr());
     }
-    let mins;
-    (row.scales, mins) = F::int_scales(wb);
-    row.mins = std::array::from_fn(|p| pack_i16(mins[2 * p] as i16, mins[2 * p + 1] as i16));
+    if F::MINS {
+        // SAFETY: wb is a whole Q4_K/Q5_K super-block; AVX2 enabled in the caller.
+        unsafe { unpack_k4_scales(wb, row) };
+    } else {
+        (row.scales, _) = F::int_scales(wb);
+    }
+}
+
+/// How the grouped kernels unpack a format's 256 values, in order, into
+/// [`Unpacked::u`].
+#[cfg(target_arch = "x86_64")]
+pub(super) trait GroupedValues: Format {
+    /// Writes the super-block's 256 unsigned values in order to `u`.
+    ///
+    /// # Safety
+    /// `wb` must be one whole super-block; the caller must have AVX2 and
+    /// AVX-512F/BW enabled (this is inlined into it).
+    unsafe fn unpack_values(wb: *const u8, u: &mut [u8; QK_K]);
+}
+
+#[cfg(target_arch = "x86_64")]
+impl GroupedValues for Q4K {
+    /// Two 64-byte loads: each gives 128 values as low nibbles (values
+    /// 0..32 and 64..96 of the 128) and high nibbles (32..64, 96..128), put
+    /// in order by two lane shuffles (half the instructions of eight 32-byte
+    /// registers).
+    #[inline(always)]
+    unsafe fn unpack_values(wb: *const u8, u: &mut [u8; QK_K]) {
+        // SAFETY: bytes 16..144 of the super-block are readable, u holds 256
+        // bytes; AVX-512F/BW enabled in the caller.
+        unsafe {
+            let mask = _mm512_set1_epi8(0x0F);
+            for h in 0..2 {
+                let q = _mm512_loadu_si512(wb.add(16 + 64 * h) as *const __m512i);
+                let lo = _mm512_and_si512(q, mask);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask);
+                let out = u.as_mut_ptr().add(128 * h) as *mut __m512i;
+                _mm512_storeu_si512(out, _mm512_shuffle_i64x2::<0b01_00_01_00>(lo, hi));
+                _mm512_storeu_si512(out.add(1), _mm512_shuffle_i64x2::<0b11_10_11_10>(lo, hi));
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl GroupedValues for Q5K {
+    #[inline(always)]
+    unsafe fn unpack_values(wb: *const u8, u: &mut [u8; QK_K]) {
+        // SAFETY: wb is a whole super-block, u holds 8 registers of 32 bytes; AVX2 enabled.
+        unsafe {
+            for k in 0..8 {
+                _mm256_storeu_si256(u.as_mut_ptr().add(32 * k) as *mut __m256i, Q5K::values(wb, k));
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl GroupedValues for Q6K {
+    /// Two 64-value registers per half (as the four-row decode kernel unpacks them).
+    #[inline(always)]
+    unsafe fn unpack_values(wb: *const u8, u: &mut [u8; QK_K]) {
+        // SAFETY: wb is a whole super-block, u holds 256 bytes; AVX-512F/BW enabled.
+        unsafe {
+            for n in 0..2 {
+                let (a, b) = super::vnni4::q6_half(wb, n);
+                let out = u.as_mut_ptr().add(128 * n) as *mut __m512i;
+                _mm512_storeu_si512(out, a);
+                _mm512_storeu_si512(out.add(1), b);
+            }
+        }
+    }
+}
+
+/// Q4_K/Q5_K (scales at bytes 4..16): the 8 run scales widened to i32 and
+/// the 8 mins to i16 pairs ([`pack_i16`]'s layout) by two vector
+/// widenings instead of 12 scalar ones (the scalar form took a tenth of
+/// the one-group kernel). Run scales 8..16 are left as they are (unused).
+///
+/// # Safety
+/// The caller must have AVX2 enabled (this is inlined into it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn unpack_k4_scales(wb: &[u8], row: &mut Unpacked) {
+    let (scales, mins) = super::scales_mins_k4(&wb[4..16]);
+    let (scales, mins) = (u64::from_le_bytes(scales) as i64, u64::from_le_bytes(mins) as i64);
+    // SAFETY: row.scales holds 16 i32 (32 bytes written), row.mins 4 i32 (16 bytes).
+    unsafe {
+        _mm256_storeu_si256(row.scales.as_mut_ptr() as *mut __m256i, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(scales)));
+        _mm_storeu_si128(row.mins.as_mut_ptr() as *mut __m128i, _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins)));
+    }
 }
 
 /// How many super-blocks ahead the weight rows are prefetched.
@@ -282,7 +368,7 @@ pub(super) fn prefetch_l2(p: *const u8, bytes: usize) {
 /// each (group `g`'s super-block `b` at `x[g * stride + b]`), added to `out`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn vnni_rows<F: Format, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], stride: usize, nb: usize, out: &mut [[[f32; GROUP]; R]]) {
+unsafe fn vnni_rows<F: GroupedValues, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], stride: usize, nb: usize, out: &mut [[[f32; GROUP]; R]]) {
     let mut rows: [Unpacked; R] =
         std::array::from_fn(|_| Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 4], d: (0.0, 0.0) });
     for b in 0..nb {

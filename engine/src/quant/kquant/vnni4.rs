@@ -260,7 +260,7 @@ impl Rows4Format for Q4K {
 
 /// Q6_K's 128 values `128n..128n + 128` as two registers of 64, unsigned.
 #[inline(always)]
-unsafe fn q6_half(wb: *const u8, n: usize) -> (__m512i, __m512i) {
+pub(super) unsafe fn q6_half(wb: *const u8, n: usize) -> (__m512i, __m512i) {
     // SAFETY: wb is a whole Q6_K super-block; AVX-512 enabled in every caller.
     unsafe {
         let mask = _mm512_set1_epi8(0x0F);
