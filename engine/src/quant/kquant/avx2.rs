@@ -45,7 +45,7 @@ pub(super) struct Q6K;
 
 /// The 8 integer run scales (as i32, the rest zero) and the 8 mins of a
 /// Q4_K/Q5_K super-block. Inlined: as a call it cost a `vzeroupper` and a
-/// store-forwarding stall on every super-block of the grouped kernels.
+/// store-forwarding stall on every super-block of the kernels that use it.
 #[inline(always)]
 fn k4_int_scales(wb: &[u8]) -> ([i32; 16], [u8; 8]) {
     let (sc, mins) = scales_mins_k4(&wb[4..16]);

@@ -214,8 +214,8 @@ pub(super) struct Unpacked {
 /// integer scales, packed mins, d and dmin.
 ///
 /// # Safety
-/// `wb` must be one whole super-block of `F`; the caller must have AVX2
-/// and F16C enabled (this is inlined into it).
+/// `wb` must be one whole super-block of `F`; the caller must have AVX2,
+/// F16C and AVX-512F/BW enabled (this is inlined into it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn unpack_row<F: GroupedValues>(wb: &[u8], row: &mut Unpacked) {
@@ -235,7 +235,7 @@ unsafe fn unpack_row<F: GroupedValues>(wb: &[u8], row: &mut Unpacked) {
 /// How the grouped kernels unpack a format's 256 values, in order, into
 /// [`Unpacked::u`].
 #[cfg(target_arch = "x86_64")]
-pub(super) trait GroupedValues: Format {
+trait GroupedValues: Format {
     /// Writes the super-block's 256 unsigned values in order to `u`.
     ///
     /// # Safety
@@ -270,12 +270,13 @@ impl GroupedValues for Q4K {
 
 #[cfg(target_arch = "x86_64")]
 impl GroupedValues for Q5K {
+    /// Eight 32-byte registers (its fifth bits come from `qh`).
     #[inline(always)]
     unsafe fn unpack_values(wb: *const u8, u: &mut [u8; QK_K]) {
         // SAFETY: wb is a whole super-block, u holds 8 registers of 32 bytes; AVX2 enabled.
         unsafe {
             for k in 0..8 {
-                _mm256_storeu_si256(u.as_mut_ptr().add(32 * k) as *mut __m256i, Q5K::values(wb, k));
+                _mm256_storeu_si256(u.as_mut_ptr().add(32 * k) as *mut __m256i, Self::values(wb, k));
             }
         }
     }
@@ -300,8 +301,9 @@ impl GroupedValues for Q6K {
 
 /// Q4_K/Q5_K (scales at bytes 4..16): the 8 run scales widened to i32 and
 /// the 8 mins to i16 pairs ([`pack_i16`]'s layout) by two vector
-/// widenings instead of 12 scalar ones (the scalar form took a tenth of
-/// the one-group kernel). Run scales 8..16 are left as they are (unused).
+/// widenings, where the scalar form widened and packed them one by one
+/// (about a tenth of the one-group kernel). Run scales 8..16 are left as
+/// they are (unused).
 ///
 /// # Safety
 /// The caller must have AVX2 enabled (this is inlined into it).

@@ -259,6 +259,10 @@ impl Rows4Format for Q4K {
 }
 
 /// Q6_K's 128 values `128n..128n + 128` as two registers of 64, unsigned.
+///
+/// # Safety
+/// `wb` must be a whole Q6_K super-block and `n` 0 or 1; the caller must
+/// have AVX-512F/BW enabled (this is inlined into it).
 #[inline(always)]
 pub(super) unsafe fn q6_half(wb: *const u8, n: usize) -> (__m512i, __m512i) {
     // SAFETY: wb is a whole Q6_K super-block; AVX-512 enabled in every caller.
