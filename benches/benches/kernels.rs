@@ -132,10 +132,7 @@ fn bench_kquant_decode(c: &mut Criterion) {
                 b.iter(|| {
                     let mut acc = 0f32;
                     for four in weights.chunks_exact(4 * row_bytes) {
-                        let (a, rest) = four.split_at(row_bytes);
-                        let (b2, rest) = rest.split_at(row_bytes);
-                        let (c2, d) = rest.split_at(row_bytes);
-                        acc += (k.rows4)([a, b2, c2, d], black_box(&xq))[0];
+                        acc += (k.rows4)(rows_of::<4>(four, row_bytes), black_box(&xq))[0];
                     }
                     acc
                 })
@@ -162,12 +159,7 @@ fn bench_kquant_decode_batch(c: &mut Criterion) {
             let rows = (256 << 20) / row_bytes / 4 * 4;
             let weights = kquant_rows(dtype, rows, cols);
             let xq = quantize_k(tokens, cols);
-            let fours = || weights.chunks_exact(4 * row_bytes).map(|four| {
-                let (a, rest) = four.split_at(row_bytes);
-                let (b2, rest) = rest.split_at(row_bytes);
-                let (c2, d) = rest.split_at(row_bytes);
-                [a, b2, c2, d]
-            });
+            let fours = || weights.chunks_exact(4 * row_bytes).map(|four| rows_of::<4>(four, row_bytes));
             group.throughput(Throughput::Bytes(weights.len() as u64));
             if let Some(many) = k.rows4_tokens.filter(|_| tokens <= 16) {
                 group.bench_function(format!("{dtype:?}/rows4_tokens"), |b| {
@@ -214,9 +206,8 @@ fn bench_kquant_decode_batch(c: &mut Criterion) {
     }
 }
 
-/// The 32 rows of `row_bytes` each that make up `block` (an AMX call's rows).
-#[cfg(target_arch = "x86_64")]
-fn rows32(block: &[u8], row_bytes: usize) -> [&[u8]; 32] {
+/// The `N` rows of `row_bytes` each that make up `block` (a kernel call's rows).
+fn rows_of<const N: usize>(block: &[u8], row_bytes: usize) -> [&[u8]; N] {
     std::array::from_fn(|r| &block[r * row_bytes..(r + 1) * row_bytes])
 }
 
@@ -232,8 +223,8 @@ fn amx_blocks(
     out: &mut [spindle_engine::quant::kquant::amx::AmxOut],
 ) -> f32 {
     for (i, block) in blocks.iter().enumerate() {
-        let next = blocks.get(i + 1).map(|b| rows32(b, row_bytes));
-        amx(&rows32(block, row_bytes), next.as_ref(), groups, nb, out);
+        let next = blocks.get(i + 1).map(|b| rows_of::<32>(b, row_bytes));
+        amx(&rows_of::<32>(block, row_bytes), next.as_ref(), groups, nb, out);
     }
     out[0][0][0][0]
 }
@@ -262,10 +253,7 @@ fn bench_kquant_prefill(c: &mut Criterion) {
                 for chunk in black_box(&groups).chunks(per_chunk) {
                     let out = &mut out[..chunk.len() / nb];
                     for four in weights.chunks_exact(4 * row_bytes) {
-                        let (a, rest) = four.split_at(row_bytes);
-                        let (b2, rest) = rest.split_at(row_bytes);
-                        let (c2, d) = rest.split_at(row_bytes);
-                        (k.rows4)([a, b2, c2, d], chunk, nb, out);
+                        (k.rows4)(rows_of::<4>(four, row_bytes), chunk, nb, out);
                     }
                 }
                 out[0][0][0]
@@ -358,10 +346,7 @@ fn bench_kquant_decode_l2(c: &mut Criterion) {
             b.iter(|| {
                 for _ in 0..512 {
                     for four in weights.chunks_exact(4 * row_bytes) {
-                        let (a, rest) = four.split_at(row_bytes);
-                        let (b2, rest) = rest.split_at(row_bytes);
-                        let (c2, d) = rest.split_at(row_bytes);
-                        (g.rows4)([a, b2, c2, d], black_box(&groups), nb, &mut out);
+                        (g.rows4)(rows_of::<4>(four, row_bytes), black_box(&groups), nb, &mut out);
                     }
                 }
                 out[0][0][0]
@@ -388,10 +373,7 @@ fn bench_kquant_decode_2t(c: &mut Criterion) {
         let run = |w: &[u8]| {
             let mut acc = 0f32;
             for four in w.chunks_exact(4 * row_bytes) {
-                let (a, rest) = four.split_at(row_bytes);
-                let (b2, rest) = rest.split_at(row_bytes);
-                let (c2, d) = rest.split_at(row_bytes);
-                acc += (k.rows4)([a, b2, c2, d], black_box(&xq))[0];
+                acc += (k.rows4)(rows_of::<4>(four, row_bytes), black_box(&xq))[0];
             }
             acc
         };

@@ -23,7 +23,7 @@
 
 use super::amx::{AmxOut, TileConfig, ROWS, TILE_ROWS};
 use super::avx2::{Format, Q4K, Q5K};
-use super::gemm::{fold, prefetch_super_block, Q8KGroup, Unpacked};
+use super::gemm::{fold, k4_scales_d, prefetch_super_block, Q8KGroup, Unpacked};
 use super::QK_K;
 use crate::quant::gemm::GROUP;
 use std::arch::asm;
@@ -77,34 +77,6 @@ impl RunFormat for Q5K {
             }
             k4_scales_d::<Self>(wb, row);
         }
-    }
-}
-
-/// Q4_K/Q5_K: d, dmin, the 8 six-bit scales (as i32) and the 8 mins
-/// (packed i16 pairs) from bytes 0..16 (a 16-byte load at 4), in vector registers (the scalar
-/// unpacking, [`Format::int_scales`], cost a fifth of this kernel).
-///
-/// # Safety
-/// As [`RunFormat::unpack_runs`].
-#[inline(always)]
-unsafe fn k4_scales_d<F: Format>(wb: &[u8], row: &mut Unpacked) {
-    // SAFETY: bytes 0..20 of a whole super-block are readable (the caller).
-    unsafe {
-        row.d = F::d(wb.as_ptr());
-        // Lanes: the words w0, w1, w2 of the 12 scale bytes (and 4 bytes of values).
-        let v = _mm_loadu_si128(wb.as_ptr().add(4) as *const __m128i);
-        // Scales 0..4 (lane 0) and mins 0..4 (lane 1): the low six bits of w0, w1.
-        let first = _mm_and_si128(v, _mm_set1_epi32(0x3f3f_3f3f));
-        // Scales and mins 4..8: four bits from w2 (low nibbles, then high),
-        // two from the top of w0 (scales) or w1 (mins).
-        let top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), _mm_set1_epi32(0x0303_0303)), 4);
-        let w2 = _mm_shuffle_epi32::<0b00_00_10_10>(v);
-        let nibbles = _mm_and_si128(_mm_srlv_epi32(w2, _mm_set_epi32(0, 0, 4, 0)), _mm_set1_epi32(0x0f0f_0f0f));
-        let second = _mm_or_si128(top, nibbles);
-        // Bytes: scales 0..8, then mins 0..8.
-        let both = _mm_unpacklo_epi32(first, second);
-        _mm256_storeu_si256(row.scales.as_mut_ptr() as *mut __m256i, _mm256_cvtepu8_epi32(both));
-        _mm_storeu_si128(row.mins.as_mut_ptr() as *mut __m128i, _mm_cvtepu8_epi16(_mm_srli_si128::<8>(both)));
     }
 }
 

@@ -219,16 +219,16 @@ pub(super) struct Unpacked {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn unpack_row<F: GroupedValues>(wb: &[u8], row: &mut Unpacked) {
-    // SAFETY: wb is one whole super-block; AVX-512F/BW enabled in the caller.
+    // SAFETY: wb is one whole super-block (of Q4_K/Q5_K where F::MINS);
+    // AVX2, F16C and AVX-512F/BW enabled in the caller.
     unsafe {
         F::unpack_values(wb.as_ptr(), &mut row.u);
-        row.d = F::d(wb.as_ptr());
-    }
-    if F::MINS {
-        // SAFETY: wb is a whole Q4_K/Q5_K super-block; AVX2 enabled in the caller.
-        unsafe { unpack_k4_scales(wb, row) };
-    } else {
-        (row.scales, _) = F::int_scales(wb);
+        if F::MINS {
+            k4_scales_d::<F>(wb, row);
+        } else {
+            row.d = F::d(wb.as_ptr());
+            (row.scales, _) = F::int_scales(wb);
+        }
     }
 }
 
@@ -299,23 +299,34 @@ impl GroupedValues for Q6K {
     }
 }
 
-/// Q4_K/Q5_K (scales at bytes 4..16): the 8 run scales widened to i32 and
-/// the 8 mins to i16 pairs ([`pack_i16`]'s layout) by two vector
-/// widenings, where the scalar form widened and packed them one by one
-/// (about a tenth of the one-group kernel). Run scales 8..16 are left as
-/// they are (unused).
+/// Q4_K/Q5_K: d, dmin, the 8 six-bit scales (as i32) and the 8 mins
+/// (packed i16 pairs) from bytes 0..16 (a 16-byte load at 4), in vector
+/// registers (the scalar unpacking, [`Format::int_scales`], cost a fifth of
+/// the AMX run kernel and a tenth of the one-group VNNI kernel).
 ///
 /// # Safety
-/// The caller must have AVX2 enabled (this is inlined into it).
+/// `wb` must be a whole Q4_K/Q5_K super-block; the caller must have AVX2
+/// and F16C enabled (this is inlined into it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn unpack_k4_scales(wb: &[u8], row: &mut Unpacked) {
-    let (scales, mins) = super::scales_mins_k4(&wb[4..16]);
-    let (scales, mins) = (u64::from_le_bytes(scales) as i64, u64::from_le_bytes(mins) as i64);
-    // SAFETY: row.scales holds 16 i32 (32 bytes written), row.mins 4 i32 (16 bytes).
+pub(super) unsafe fn k4_scales_d<F: Format>(wb: &[u8], row: &mut Unpacked) {
+    // SAFETY: bytes 0..20 of a whole super-block are readable (the caller).
     unsafe {
-        _mm256_storeu_si256(row.scales.as_mut_ptr() as *mut __m256i, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(scales)));
-        _mm_storeu_si128(row.mins.as_mut_ptr() as *mut __m128i, _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins)));
+        row.d = F::d(wb.as_ptr());
+        // Lanes: the words w0, w1, w2 of the 12 scale bytes (and 4 bytes of values).
+        let v = _mm_loadu_si128(wb.as_ptr().add(4) as *const __m128i);
+        // Scales 0..4 (lane 0) and mins 0..4 (lane 1): the low six bits of w0, w1.
+        let first = _mm_and_si128(v, _mm_set1_epi32(0x3f3f_3f3f));
+        // Scales and mins 4..8: four bits from w2 (low nibbles, then high),
+        // two from the top of w0 (scales) or w1 (mins).
+        let top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), _mm_set1_epi32(0x0303_0303)), 4);
+        let w2 = _mm_shuffle_epi32::<0b00_00_10_10>(v);
+        let nibbles = _mm_and_si128(_mm_srlv_epi32(w2, _mm_set_epi32(0, 0, 4, 0)), _mm_set1_epi32(0x0f0f_0f0f));
+        let second = _mm_or_si128(top, nibbles);
+        // Bytes: scales 0..8, then mins 0..8.
+        let both = _mm_unpacklo_epi32(first, second);
+        _mm256_storeu_si256(row.scales.as_mut_ptr() as *mut __m256i, _mm256_cvtepu8_epi32(both));
+        _mm_storeu_si128(row.mins.as_mut_ptr() as *mut __m128i, _mm_cvtepu8_epi16(_mm_srli_si128::<8>(both)));
     }
 }
 
