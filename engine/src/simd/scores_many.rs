@@ -52,8 +52,8 @@ pub fn scaled_dots_many<T: KvElement>(out: &mut [f32], stride: usize, qs: &[&[f3
 const KEY_BLOCK_BYTES: usize = 16 << 10;
 
 /// The vectors of `qs` two or more at a time over the rows `starts` into
-/// `out` (vector v's scores at `v · stride`); returns how many it took (all
-/// but a last odd one).
+/// `out` (vector v's scores at `v · stride`); returns how many it took (all,
+/// or all but a last one).
 ///
 /// # Safety
 /// The checks of [`scaled_dots_many`] must have passed for these rows and
@@ -63,12 +63,13 @@ unsafe fn vectors_over<T: KvElement>(out: &mut [f32], stride: usize, qs: &[&[f32
     let wide = avx::six_at_a_time();
     let mut v = 0;
     while qs.len() - v >= 2 {
-        let take = if wide && qs.len() - v >= 6 {
-            6
-        } else if wide && qs.len() - v >= 4 {
-            4
-        } else {
-            2
+        // Three at a time where three or five are left (the three heads of
+        // each KV head of SmolLM2, say, read each key row once, not twice).
+        let take = match (wide, qs.len() - v) {
+            (true, left) if left >= 6 => 6,
+            (true, 4) => 4,
+            (true, 3 | 5) => 3,
+            _ => 2,
         };
         let o = out[v * stride..].as_mut_ptr();
         // SAFETY: AVX2/FMA/F16C detected (and AVX-512VL for six); `take`
@@ -77,6 +78,7 @@ unsafe fn vectors_over<T: KvElement>(out: &mut [f32], stride: usize, qs: &[&[f32
         unsafe {
             match take {
                 6 => avx::dots_six(o, stride, &qs[v..v + 6], d, scale, data.as_ptr(), starts),
+                3 => avx::dots_three(o, stride, &qs[v..v + 3], d, scale, data.as_ptr(), starts),
                 4 => avx::dots_four(o, stride, &qs[v..v + 4], d, scale, data.as_ptr(), starts),
                 _ => avx::dots_two(o, stride, &qs[v..v + 2], d, scale, data.as_ptr(), starts),
             }
@@ -116,6 +118,13 @@ mod avx {
         unsafe { block::<T, 4>(out, stride, qs, d, scale, data, starts) }
     }
 
+    /// Three query vectors (see [`block`]; 17 registers).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+    pub unsafe fn dots_three<T: KvElement>(out: *mut f32, stride: usize, qs: &[&[f32]], d: usize, scale: f32, data: *const T, starts: &[usize]) {
+        // SAFETY: forwarded.
+        unsafe { block::<T, 3>(out, stride, qs, d, scale, data, starts) }
+    }
+
     /// Two query vectors (see [`block`]; 13 registers, AVX2 alone).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dots_two<T: KvElement>(out: *mut f32, stride: usize, qs: &[&[f32]], d: usize, scale: f32, data: *const T, starts: &[usize]) {
@@ -123,10 +132,12 @@ mod avx {
         unsafe { block::<T, 2>(out, stride, qs, d, scale, data, starts) }
     }
 
-    /// `Q` (even) query vectors `qs` of `d` values (a multiple of 8) times
-    /// every row, [`KEYS`] rows at a time: each chunk of 8 values of a row
-    /// is loaded (and widened) once for all `Q`. A last block of fewer rows
-    /// repeats its last row and stores only the real ones.
+    /// `Q` query vectors `qs` of `d` values (a multiple of 8) times every
+    /// row, [`KEYS`] rows at a time: each chunk of 8 values of a row is
+    /// loaded (and widened) once for all `Q`. A last block of fewer rows
+    /// repeats its last row and stores only the real ones. The scores are
+    /// reduced two vectors at a time; an odd last vector is reduced next to
+    /// a copy of itself (each half of the reduction is one vector's alone).
     ///
     /// # Safety
     /// AVX2/FMA/F16C enabled by the caller; `qs` holds `Q` vectors of `d`
@@ -157,19 +168,24 @@ mod avx {
                 }
                 let count = (n - j).min(KEYS);
                 for p in (0..Q).step_by(2) {
-                    let [a, b] = [acc[p], acc[p + 1]];
+                    let paired = p + 1 < Q;
+                    let [a, b] = [acc[p], acc[if paired { p + 1 } else { p }]];
                     // Lanes 0..4: vector p's four scores; 4..8: vector p + 1's.
                     let scores = _mm256_mul_ps(sum_each([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]), vscale);
                     let (first, second) = (_mm256_castps256_ps128(scores), _mm256_extractf128_ps::<1>(scores));
                     if count == KEYS {
                         _mm_storeu_ps(out.add(p * stride + j), first);
-                        _mm_storeu_ps(out.add((p + 1) * stride + j), second);
+                        if paired {
+                            _mm_storeu_ps(out.add((p + 1) * stride + j), second);
+                        }
                     } else {
                         let mut lanes = [0f32; 8];
                         _mm256_storeu_ps(lanes.as_mut_ptr(), scores);
                         for i in 0..count {
                             *out.add(p * stride + j + i) = lanes[i];
-                            *out.add((p + 1) * stride + j + i) = lanes[KEYS + i];
+                            if paired {
+                                *out.add((p + 1) * stride + j + i) = lanes[KEYS + i];
+                            }
                         }
                     }
                 }
