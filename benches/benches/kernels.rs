@@ -14,6 +14,7 @@ use spindle_engine::quant::dot::{quantize_row_q8, Q8Block, QK};
 use spindle_engine::quant::gemm::{gemm_kernel, gemm_kernels, interleave, GROUP};
 use spindle_engine::quant::kquant::gemm::{groups_in_l2, interleave_k, kgemm_kernels, super_blocks_in_l2};
 use spindle_engine::quant::kquant::{kdot_kernels, quantize_row_q8k, Q8KBlock};
+use spindle_engine::simd::scaled_dots_many;
 use std::hint::black_box;
 
 const Q4_1_BLOCK_BYTES: usize = 20;
@@ -390,8 +391,42 @@ fn bench_kquant_decode_2t(c: &mut Criterion) {
     group.finish();
 }
 
+/// Attention scores of the three query heads that share a KV head
+/// (SmolLM2's shape: 64 values, an f16 KV cache) against a sequence's key
+/// rows, as batched decode computes them: in one call (three at a time
+/// where the CPU has AVX-512VL) against two calls of two and one (each key
+/// row read twice, as before the three-vector kernel).
+fn bench_attention_scores(c: &mut Criterion) {
+    let mut group = c.benchmark_group("attention_scores_3heads");
+    let d = 64;
+    for rows in [128usize, 512] {
+        let keys: Vec<half::f16> = (0..rows * d).map(|i| half::f16::from_f32(((i * 37 % 101) as f32 - 50.0) / 64.0)).collect();
+        let starts: Vec<usize> = (0..rows).map(|r| r * d).collect();
+        let qs: Vec<Vec<f32>> = (0..3).map(|v| (0..d).map(|i| ((i * 7 + v * 13) % 29) as f32 / 29.0 - 0.5).collect()).collect();
+        let q: Vec<&[f32]> = qs.iter().map(Vec::as_slice).collect();
+        let mut out = vec![0f32; 3 * rows];
+        group.throughput(Throughput::Elements((3 * rows) as u64));
+        group.bench_function(format!("{rows}rows/together"), |b| {
+            b.iter(|| {
+                scaled_dots_many(&mut out, rows, black_box(&q), 0.125, &keys, &starts);
+                out[0]
+            })
+        });
+        group.bench_function(format!("{rows}rows/two_then_one"), |b| {
+            b.iter(|| {
+                let (two, one) = out.split_at_mut(2 * rows);
+                scaled_dots_many(two, rows, black_box(&q[..2]), 0.125, &keys, &starts);
+                scaled_dots_many(one, rows, black_box(&q[2..]), 0.125, &keys, &starts);
+                out[0]
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    bench_attention_scores,
     bench_kernels,
     bench_kquant_decode,
     bench_kquant_decode_batch,

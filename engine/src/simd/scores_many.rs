@@ -72,7 +72,7 @@ unsafe fn vectors_over<T: KvElement>(out: &mut [f32], stride: usize, qs: &[&[f32
             _ => 2,
         };
         let o = out[v * stride..].as_mut_ptr();
-        // SAFETY: AVX2/FMA/F16C detected (and AVX-512VL for six); `take`
+        // SAFETY: AVX2/FMA/F16C detected (AVX-512F/VL for six, four, three); `take`
         // vectors of d values from v; their outputs lie in `out` (checked
         // by the caller); every row start..start + d is in `data` (checked).
         unsafe {
@@ -203,11 +203,12 @@ mod tests {
         (0..n).map(|i| (((i * 7 + seed) * 37 % 101) as f32 - 50.0) / 13.0).collect()
     }
 
-    /// Every vector count (the six, four and two blocks and the single
-    /// vector left) and row count (whole blocks of four and a partial last
-    /// block) against `scaled_dots` of each vector, bit for bit.
+    /// Every vector count (the six, four, three and two blocks and the
+    /// single vector left: 4 takes the four, 5 three and two, 8 to 11 six
+    /// and the rest) and row count (whole blocks of four and a partial
+    /// last block) against `scaled_dots` of each vector, bit for bit.
     fn check<T: KvElement>(data: &[T], d: usize) {
-        for vectors in [1usize, 2, 3, 5, 6, 7, 12, 13] {
+        for vectors in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] {
             let qs: Vec<Vec<f32>> = (0..vectors).map(|v| values(d, 3 + v)).collect();
             let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
             // 70 rows: several key blocks (32 rows of 128 f32), the last partial.
