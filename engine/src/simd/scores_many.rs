@@ -170,7 +170,8 @@ mod avx {
                 for p in (0..Q).step_by(2) {
                     let paired = p + 1 < Q;
                     let [a, b] = [acc[p], acc[if paired { p + 1 } else { p }]];
-                    // Lanes 0..4: vector p's four scores; 4..8: vector p + 1's.
+                    // Lanes 0..4: vector p's four scores; 4..8: vector p + 1's
+                    // (for an odd last p, a copy of p's, not stored).
                     let scores = _mm256_mul_ps(sum_each([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]), vscale);
                     let (first, second) = (_mm256_castps256_ps128(scores), _mm256_extractf128_ps::<1>(scores));
                     if count == KEYS {
