@@ -4,7 +4,8 @@
 //! memory read bandwidth measured in the same run by `memory_read`) and the
 //! K-quant prefill GEMM on Qwen2.5-1.5B layer shapes (multiply-adds/s); the
 //! one-group kernel with its weights in the L2, and one-token decode on two
-//! threads.
+//! threads; the CPU's integer multiply-add ceiling (`vnni_ceiling`: the
+//! instruction alone, and the kernels' inner loop with nothing around it).
 //!
 //! `cargo bench -p spindle-benches --bench kernels`
 
@@ -424,8 +425,36 @@ fn bench_attention_scores(c: &mut Criterion) {
     group.finish();
 }
 
+/// The integer multiply-add ceiling of one thread (multiply-adds/s, as
+/// `kquant_gemm`): `vpdpbusd` alone, then the grouped kernels' run loop
+/// (4 rows × 1 group as batched decode, 4 × 2 as prefill; runs of 32 values
+/// as Q4_K's, 16 as Q6_K's) with everything else taken away.
+fn bench_vnni_ceiling(c: &mut Criterion) {
+    use spindle_benches::ceiling::{self, RunData, CHAINS, MACS_PER_DPBUSD};
+    if !ceiling::available() {
+        eprintln!("skipped vnni_ceiling: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    let mut group = c.benchmark_group("vnni_ceiling");
+    let iters = 1 << 16;
+    let words: [i32; 64] = std::array::from_fn(|i| (i as i32).wrapping_mul(0x0105_0301));
+    group.throughput(Throughput::Elements((iters * CHAINS) as u64 * MACS_PER_DPBUSD));
+    group.bench_function("dpbusd_only", |b| b.iter(|| ceiling::dpbusd_only(iters, black_box(&words))));
+    let data = RunData::new();
+    let passes = 1 << 10;
+    let macs = |rows: usize, groups: usize| Throughput::Elements((passes * 64 * rows * groups) as u64 * MACS_PER_DPBUSD);
+    group.throughput(macs(4, 1));
+    group.bench_function("q4k_runs_4rows_1group", |b| b.iter(|| ceiling::runs::<4, 1, 8>(passes, black_box(&data))));
+    group.bench_function("q6k_runs_4rows_1group", |b| b.iter(|| ceiling::runs::<4, 1, 4>(passes, black_box(&data))));
+    group.throughput(macs(4, 2));
+    group.bench_function("q4k_runs_4rows_2groups", |b| b.iter(|| ceiling::runs::<4, 2, 8>(passes, black_box(&data))));
+    group.bench_function("q6k_runs_4rows_2groups", |b| b.iter(|| ceiling::runs::<4, 2, 4>(passes, black_box(&data))));
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    bench_vnni_ceiling,
     bench_attention_scores,
     bench_kernels,
     bench_kquant_decode,

@@ -1,5 +1,7 @@
 //! Shared helpers for the benchmarks.
 
+pub mod ceiling;
+
 use spindle_engine::config::ModelConfig;
 use spindle_engine::gguf::GgufFile;
 use spindle_engine::model::{LlamaModel, WeightNaming};

@@ -210,6 +210,13 @@ pub(super) struct Unpacked {
     pub(super) d: (f32, f32),
 }
 
+#[cfg(target_arch = "x86_64")]
+impl Unpacked {
+    /// All zero: a constant, so an array of them is a plain fill (building
+    /// one with `array::from_fn` copied it, ~1 KiB per call of the kernel).
+    const ZERO: Self = Self { u: [0; QK_K], scales: [0; 16], mins: [0; 4], d: (0.0, 0.0) };
+}
+
 /// Unpacks one row's super-block `wb` into `row`: its 256 unsigned values,
 /// integer scales, packed mins, d and dmin.
 ///
@@ -382,8 +389,7 @@ pub(super) fn prefetch_l2(p: *const u8, bytes: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn vnni_rows<F: GroupedValues, const R: usize>(w: [&[u8]; R], x: &[Q8KGroup], stride: usize, nb: usize, out: &mut [[[f32; GROUP]; R]]) {
-    let mut rows: [Unpacked; R] =
-        std::array::from_fn(|_| Unpacked { u: [0; QK_K], scales: [0; 16], mins: [0; 4], d: (0.0, 0.0) });
+    let mut rows: [Unpacked; R] = [const { Unpacked::ZERO }; R];
     for b in 0..nb {
         for (row, wr) in rows.iter_mut().zip(&w) {
             let wb = &wr[b * F::BYTES..(b + 1) * F::BYTES];
