@@ -31,6 +31,12 @@ pub(crate) fn use_avx2() -> bool {
     })
 }
 
+/// Whether the CPU has AVX-512F as well as [`use_avx2`]'s features (checked once).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn use_avx512() -> bool {
+    rows_wide::available()
+}
+
 /// Dot product of two equal-length slices (extra elements of the longer are ignored).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

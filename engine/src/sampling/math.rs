@@ -12,6 +12,27 @@ const BLOCK: usize = 2048;
 /// `logits`) and returns their sum, accumulated in f64. Two passes per block
 /// (exp, then sum) so that both vectorise.
 pub(super) fn exp_sum(logits: &[f32], max: f32, inv_t: f32, out: &mut [f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx512() {
+        // SAFETY: AVX-512F (and AVX2/FMA/F16C) were detected.
+        return unsafe { exp_sum_avx512(logits, max, inv_t, out) };
+    }
+    exp_sum_lanes(logits, max, inv_t, out)
+}
+
+/// [`exp_sum`] 16 wide (on a vocabulary of 152k, the sampling of 16
+/// sequences a step took 1.3% of a batched-decode wave compiled for plain
+/// x86-64); the same operations per element and per lane of the sum, so
+/// the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn exp_sum_avx512(logits: &[f32], max: f32, inv_t: f32, out: &mut [f32]) -> f64 {
+    exp_sum_lanes(logits, max, inv_t, out)
+}
+
+/// [`exp_sum`]'s loops, compiled for the caller's target features.
+#[inline(always)]
+fn exp_sum_lanes(logits: &[f32], max: f32, inv_t: f32, out: &mut [f32]) -> f64 {
     let mut total = 0.0;
     for (o, l) in out.chunks_mut(BLOCK).zip(logits.chunks(BLOCK)) {
         for (o, &l) in o.iter_mut().zip(l) {
@@ -23,6 +44,7 @@ pub(super) fn exp_sum(logits: &[f32], max: f32, inv_t: f32, out: &mut [f32]) -> 
 }
 
 /// Sum in f64 with independent lanes (vectorisable).
+#[inline(always)]
 fn lane_sum(x: &[f32]) -> f64 {
     let mut acc = [0f64; LANES];
     let mut chunks = x.chunks_exact(LANES);
@@ -101,6 +123,18 @@ mod tests {
             "{a} vs {expect}"
         );
         assert!((out[96] - (-12.0f32).exp()).abs() < 1e-10);
+    }
+
+    /// The vectorized path (AVX-512 where the CPU has it) gives the
+    /// portable loop's bits: every probability and the sum.
+    #[test]
+    fn exp_sum_vectorized_equals_the_portable_loop_bit_for_bit() {
+        let logits: Vec<f32> = (0..5003).map(|i| ((i * 7919) % 4001) as f32 / 100.0 - 40.0).collect();
+        let (mut fast, mut portable) = (vec![0f32; logits.len()], vec![0f32; logits.len()]);
+        let a = exp_sum(&logits, 0.0, 0.7, &mut fast);
+        let b = exp_sum_lanes(&logits, 0.0, 0.7, &mut portable);
+        assert_eq!(a.to_bits(), b.to_bits());
+        assert_eq!(fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 
     #[test]
