@@ -116,16 +116,16 @@ mod x86 {
                 for k in run * K..(run + 1) * K {
                     // SAFETY: k < 64 rows of 64 aligned bytes.
                     let xv: [__m512i; G] = std::array::from_fn(|g| unsafe { _mm512_load_si512(d.x[g][k].as_ptr() as *const __m512i) });
-                    for r in 0..R {
+                    for (r, row) in d.u[..R].iter().enumerate() {
                         // SAFETY: 4k + 4 <= 256 bytes of the row.
-                        let w = _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(d.u[r].as_ptr().add(4 * k) as *const i32) });
+                        let w = _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(row.as_ptr().add(4 * k) as *const i32) });
                         for g in 0..G {
                             isum[g][r] = _mm512_dpbusd_epi32(isum[g][r], w, xv[g]);
                         }
                     }
                 }
-                for r in 0..R {
-                    let scale = _mm512_set1_epi32(d.scales[r][run % 16]);
+                for (r, scales) in d.scales[..R].iter().enumerate() {
+                    let scale = _mm512_set1_epi32(scales[run % 16]);
                     for g in 0..G {
                         tot[g][r] = _mm512_add_epi32(tot[g][r], _mm512_mullo_epi32(isum[g][r], scale));
                     }

@@ -17,6 +17,7 @@ pub mod model;
 pub mod models;
 pub mod open;
 pub mod perplexity;
+pub mod pool;
 pub mod quant;
 pub mod runner;
 pub mod sampling;

@@ -4,10 +4,9 @@
 pub use crate::backend::{DeviceReading, DeviceTelemetry, KvGeometry, Presampled};
 pub use crate::model::decoder::ModelRunner;
 
-use crate::batch::{ForwardBatch, SeqOutput, SeqSampling, StepOutput, TokenMask};
+use crate::batch::{ForwardBatch, SeqInput, SeqOutput, SeqSampling, StepOutput, TokenMask};
 use crate::error::Result;
 use crate::sampling::{PenaltyBook, PenaltyCounts, SampledToken, Sampler};
-use rayon::prelude::*;
 
 /// What an executor runs on, for logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,38 +73,40 @@ pub fn sample_outputs_with(
 ) -> Result<StepOutput> {
     // Sequences sample independently (each with its own seeded generator),
     // so they run in parallel with the same results.
-    let seqs = batch
-        .seqs
-        .par_iter()
-        .zip(logits.into_par_iter().zip(presampled.into_par_iter()))
-        .enumerate()
-        .map(|(i, (seq, (mut logits, presampled)))| {
-            let (sampled, grammar_ended) = match (&seq.sampling, presampled) {
-                (Some(_), Presampled::Token(done)) => (Some(done), false),
-                (Some(_), Presampled::GrammarEnded) => (None, true),
-                (Some(s), Presampled::No) if logits.len() >= vocab => {
-                    let start = logits.len() - vocab;
-                    let penalties = penalties.get(i).copied().flatten();
-                    // Sampling rewrites the logits it reads (mask, penalties,
-                    // temperature): a copy only where they also go back (a
-                    // batch of 16 copied 16 vocab-sized rows per step).
-                    let sampled = if seq.logits == crate::batch::LogitsRequest::None {
-                        sample_one(s, penalties, &mut logits[start..])?
-                    } else {
-                        sample_one(s, penalties, &mut logits[start..].to_vec())?
-                    };
-                    let ended = sampled.is_none();
-                    (sampled, ended)
-                }
-                _ => (None, false),
-            };
-            if seq.logits == crate::batch::LogitsRequest::None {
-                logits = Vec::new();
-            }
-            Ok(SeqOutput { logits, sampled, grammar_ended })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut work: Vec<_> = batch.seqs.iter().zip(logits.into_iter().zip(presampled)).map(|(seq, (logits, presampled))| (seq, logits, presampled, None)).collect();
+    crate::pool::for_each_mut(&mut work, |i, (seq, logits, presampled, result)| {
+        let (logits, presampled) = (std::mem::take(logits), std::mem::replace(presampled, Presampled::No));
+        *result = Some(sample_seq(seq, logits, presampled, vocab, penalties.get(i).copied().flatten()));
+    });
+    let seqs = work.into_iter().filter_map(|(_, _, _, result)| result).collect::<Result<Vec<_>>>()?;
     Ok(StepOutput { seqs })
+}
+
+/// One sequence's output of a step: its sampled token (unless presampled or
+/// not sampling) and the logits it asked for.
+fn sample_seq(seq: &SeqInput, mut logits: Vec<f32>, presampled: Presampled, vocab: usize, penalties: Option<&PenaltyCounts>) -> Result<SeqOutput> {
+    let (sampled, grammar_ended) = match (&seq.sampling, presampled) {
+        (Some(_), Presampled::Token(done)) => (Some(done), false),
+        (Some(_), Presampled::GrammarEnded) => (None, true),
+        (Some(s), Presampled::No) if logits.len() >= vocab => {
+            let start = logits.len() - vocab;
+            // Sampling rewrites the logits it reads (mask, penalties,
+            // temperature): a copy only where they also go back (a
+            // batch of 16 copied 16 vocab-sized rows per step).
+            let sampled = if seq.logits == crate::batch::LogitsRequest::None {
+                sample_one(s, penalties, &mut logits[start..])?
+            } else {
+                sample_one(s, penalties, &mut logits[start..].to_vec())?
+            };
+            let ended = sampled.is_none();
+            (sampled, ended)
+        }
+        _ => (None, false),
+    };
+    if seq.logits == crate::batch::LogitsRequest::None {
+        logits = Vec::new();
+    }
+    Ok(SeqOutput { logits, sampled, grammar_ended })
 }
 
 /// Sample with a generator keyed by (seed, tokens generated so far), so a

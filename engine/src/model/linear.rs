@@ -23,7 +23,6 @@ use super::SendPtr;
 use crate::simd;
 use crate::weights::WeightBytes;
 use crate::weights::TensorView;
-use rayon::prelude::*;
 
 /// How activations meet quantized weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -498,7 +497,8 @@ pub(super) const PARALLEL_QUANTIZE_TOKENS: usize = 16;
 /// blocks are the same either way).
 fn per_token<B: Send>(x: &[f32], cols: usize, out: &mut [B], nb: usize, quantize: fn(&[f32], &mut [B])) {
     if out.len() / nb.max(1) >= PARALLEL_QUANTIZE_TOKENS {
-        out.par_chunks_mut(nb).zip(x.par_chunks(cols)).for_each(|(o, xt)| quantize(xt, o));
+        let mut tokens: Vec<&mut [B]> = out.chunks_mut(nb).collect();
+        crate::pool::for_each_mut(&mut tokens, |t, o| quantize(&x[t * cols..(t + 1) * cols], o));
     } else {
         for (o, xt) in out.chunks_mut(nb).zip(x.chunks(cols)) {
             quantize(xt, o);
@@ -570,12 +570,17 @@ fn run_tasks(jobs: &mut [MatmulJob<'_>], x: &[f32], xq: &QuantizedInput, n: usiz
         .flat_map(|(i, j)| (0..j.layer.rows).step_by(chunk).map(move |r| (i, r)))
         .collect();
     let layers: Vec<&Linear> = jobs.iter().map(|j| j.layer).collect();
-    tasks.par_iter().try_for_each(|&(i, start)| {
+    let failed = std::sync::Mutex::new(None);
+    crate::pool::run(tasks.len(), |t| {
+        let (i, start) = tasks[t];
         let layer = layers[i];
         let rows = layer.rows;
         let write = Sink { ptr: outs[i], rows, tokens: n };
-        layer.compute_rows(start..(start + chunk).min(rows), x, xq, n, precision, &write)
-    })
+        if let Err(e) = layer.compute_rows(start..(start + chunk).min(rows), x, xq, n, precision, &write) {
+            failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+        }
+    });
+    failed.into_inner().unwrap_or_else(|p| p.into_inner()).map_or(Ok(()), Err)
 }
 
 /// Rows per task for a parallel region over `rows` rows in all.

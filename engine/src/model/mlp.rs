@@ -23,7 +23,6 @@ use crate::quant::dequant::QK_K;
 use crate::quant::gemm::GROUP;
 use crate::quant::kquant::gemm::Q8KGroup;
 use crate::quant::kquant::lanes::{quantize_lanes_k, Lanes};
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// `out = f(gate, up)` element-wise (`silu_mul`, `gelu_tanh_mul`).
@@ -151,7 +150,7 @@ pub fn gated_mlp_fused(mlp: &MlpLayers<'_>, x: &[f32], n: usize, precision: Matm
     let mut down_groups = vec![Q8KGroup::default(); groups * nb];
     let dst = GroupsPtr(down_groups.as_mut_ptr());
     let projections = Projections { gate: &gate, up: &up, kgroups: &kgroups, nb_in, n, act };
-    (0..nb * parts).into_par_iter().for_each(|task| {
+    crate::pool::run(nb * parts, |task| {
         let (b, first) = (task / parts, task % parts * per_part);
         let count = per_part.min(groups.saturating_sub(first));
         if count > 0 {

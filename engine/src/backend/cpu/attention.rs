@@ -6,7 +6,6 @@ use crate::backend::StepLayout;
 use crate::kv::{KvLayer, KvPool};
 use crate::model::SendPtr;
 use crate::simd::{self, KvElement};
-use rayon::prelude::*;
 
 /// Head geometry.
 #[derive(Debug, Clone, Copy)]
@@ -55,7 +54,8 @@ fn attention_over<T: KvElement>(q: &[f32], out: &mut [f32], keys: &[T], values: 
     let width = shape.num_heads * shape.head_dim;
     assert!(q.len() >= layout.num_rows() * width && out.len() >= layout.num_rows() * width, "attention buffers hold every row");
     let out_ptr = SendPtr(out.as_mut_ptr());
-    tasks.par_iter().for_each(|&(s, h, first)| {
+    crate::pool::run(tasks.len(), |t| {
+        let (s, h, first) = tasks[t];
         let mut scratch = TASK_SCRATCH.with(|cell| cell.take());
         let mut acc = vec![0f32; heads_per_task * shape.head_dim];
         let last = (first + QUERY_CHUNK).min(layout.seq_rows(s).end);

@@ -19,7 +19,6 @@ use crate::model::ops::{add_in_place, gelu_tanh_mul, rms_norm_into, silu_mul, Ro
 use crate::model::{Linear, MatmulPrecision};
 use crate::weights::TensorView;
 use attention::{paged_attention, HeadShape};
-use rayon::prelude::*;
 
 /// The CPU backend (see the module doc).
 #[derive(Debug, Default)]
@@ -222,7 +221,10 @@ impl Backend for CpuBackend {
                 };
                 let (out, r, x) = (&mut out[..n], &mut r[..n], &x[..n]);
                 match parallel_chunk(rows, width) {
-                    Some(c) => out.par_chunks_mut(c).zip(r.par_chunks_mut(c).zip(x.par_chunks(c))).for_each(norm),
+                    Some(c) => {
+                        let mut parts: Vec<_> = out.chunks_mut(c).zip(r.chunks_mut(c).zip(x.chunks(c))).collect();
+                        crate::pool::for_each_mut(&mut parts, |_, (o, (r, x))| norm((o, (r, x))));
+                    }
                     None => norm((out, (r, x))),
                 }
             }
@@ -322,7 +324,10 @@ fn parallel_chunk(rows: usize, width: usize) -> Option<usize> {
 /// `op(out, a, b)` over matching whole-row chunks of the three buffers.
 fn each_chunk(out: &mut [f32], a: &[f32], b: &[f32], rows: usize, width: usize, op: impl Fn(&mut [f32], &[f32], &[f32]) + Sync) {
     match parallel_chunk(rows, width) {
-        Some(c) => out.par_chunks_mut(c).zip(a.par_chunks(c).zip(b.par_chunks(c))).for_each(|(o, (a, b))| op(o, a, b)),
+        Some(c) => {
+            let mut parts: Vec<_> = out.chunks_mut(c).zip(a.chunks(c).zip(b.chunks(c))).collect();
+            crate::pool::for_each_mut(&mut parts, |_, (o, (a, b))| op(o, a, b));
+        }
         None => op(out, a, b),
     }
 }
@@ -332,7 +337,10 @@ fn rotate(rope: &Rope, x: &mut [f32], angles: &RopeAngles, heads: usize) {
     let width = heads * rope.head_dim();
     let rows = x.len() / width.max(1);
     match parallel_chunk(rows, width) {
-        Some(c) => x.par_chunks_mut(c).enumerate().for_each(|(i, part)| rope.apply_from(part, angles, heads, i * (c / width))),
+        Some(c) => {
+            let mut parts: Vec<&mut [f32]> = x.chunks_mut(c).collect();
+            crate::pool::for_each_mut(&mut parts, |i, part| rope.apply_from(part, angles, heads, i * (c / width)));
+        }
         None => rope.apply(x, angles, heads),
     }
 }

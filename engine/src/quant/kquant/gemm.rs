@@ -428,20 +428,20 @@ unsafe fn vnni_rows<F: GroupedValues, const R: usize>(w: [&[u8]; R], x: &[Q8KGro
         for (p, pair) in pairs.by_ref().enumerate() {
             let (g0, g1) = (2 * p, 2 * p + 1);
             // SAFETY: g * stride + b < x.len() (checked by `check_strided`).
-            let [t0, t1] = unsafe { run_sums::<F, R, 2>(&rows, [&x[g0 * stride + b], &x[g1 * stride + b]]) };
+            let [t0, t1] = unsafe { run_sums::<F, R, 2>(rows, [&x[g0 * stride + b], &x[g1 * stride + b]]) };
             let (o0, o1) = pair.split_at_mut(1);
             // SAFETY: as above.
             unsafe {
-                fold::<F, R>(&rows, &x[g0 * stride + b], t0, &mut o0[0]);
-                fold::<F, R>(&rows, &x[g1 * stride + b], t1, &mut o1[0]);
+                fold::<F, R>(rows, &x[g0 * stride + b], t0, &mut o0[0]);
+                fold::<F, R>(rows, &x[g1 * stride + b], t1, &mut o1[0]);
             }
         }
         for (i, o) in pairs.into_remainder().iter_mut().enumerate() {
             let g = done + i;
             // SAFETY: as above.
             unsafe {
-                let [t] = run_sums::<F, R, 1>(&rows, [&x[g * stride + b]]);
-                fold::<F, R>(&rows, &x[g * stride + b], t, o);
+                let [t] = run_sums::<F, R, 1>(rows, [&x[g * stride + b]]);
+                fold::<F, R>(rows, &x[g * stride + b], t, o);
             }
         }
     }
