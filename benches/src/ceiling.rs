@@ -151,18 +151,27 @@ mod tests {
         let want: i64 = (0..5usize).map(|n| (0..CHAINS).map(|c| 16 * 4 * 3 * ((n & 3) * 16 + c) as i64).sum::<i64>()).sum();
         assert_eq!(dpbusd_only(5, &words), Some(want as i32));
         let d = RunData::new();
+        assert_eq!(runs::<4, 1, 8>(2, &d), Some(expected(&d, 2, 1, 8)));
+        assert_eq!(runs::<4, 2, 4>(3, &d), Some(expected(&d, 3, 2, 4)));
+    }
+
+    /// What [`runs`] must return for 4 rows, `groups` groups and runs of
+    /// `k` words, over `passes` passes (wrapped to i32, as the lanes wrap).
+    fn expected(d: &RunData, passes: i64, groups: usize, k: usize) -> i32 {
         let mut want = 0i64;
         for r in 0..4 {
-            for run in 0..8 {
-                let scale = d.scales[r][run] as i64;
-                for k in run * 8..(run + 1) * 8 {
-                    for t in 0..16 {
-                        let dot: i64 = (0..4).map(|j| d.u[r][4 * k + j] as i64 * d.x[0][k][4 * t + j] as i64).sum();
-                        want += 2 * scale * dot;
+            for run in 0..64 / k {
+                let scale = d.scales[r][run % 16] as i64;
+                for w in run * k..(run + 1) * k {
+                    for g in 0..groups {
+                        for t in 0..16 {
+                            let dot: i64 = (0..4).map(|j| d.u[r][4 * w + j] as i64 * d.x[g][w][4 * t + j] as i64).sum();
+                            want += passes * scale * dot;
+                        }
                     }
                 }
             }
         }
-        assert_eq!(runs::<4, 1, 8>(2, &d), Some(want as i32));
+        want as i32
     }
 }

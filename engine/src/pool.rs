@@ -10,13 +10,15 @@
 //! idle workers spin a little before parking, so back-to-back regions (a
 //! step has a few hundred) start without a system call.
 //!
-//! Tasks are claimed from a shared counter in order; each must be
-//! independent of the others (the results cannot depend on which thread
-//! ran a task). A region started from inside a task runs on that thread
-//! alone.
+//! Each thread claims tasks from its own contiguous share first, then from
+//! the others'; tasks must be independent (the results cannot depend on
+//! which thread ran a task). A region started from inside a task, or while
+//! another thread's region runs, runs on the calling thread alone (so a
+//! task that enters rayon, whose job then starts a region, cannot deadlock).
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -45,7 +47,8 @@ struct Region<'a> {
     shares: [Share; MAX_SHARES],
     used: usize,
     pending: AtomicUsize,
-    panicked: AtomicBool,
+    /// The first panic of a task, raised by the caller once all are done.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 impl<'a> Region<'a> {
@@ -58,7 +61,7 @@ impl<'a> Region<'a> {
             let (start, end) = if k < used { (k * tasks / used, (k + 1) * tasks / used) } else { (0, 0) };
             Share { next: AtomicUsize::new(start), end }
         });
-        Self { task, shares, used, pending: AtomicUsize::new(tasks), panicked: AtomicBool::new(false) }
+        Self { task, shares, used, pending: AtomicUsize::new(tasks), panic: Mutex::new(None) }
     }
 
     /// Thread `me`: claims and runs its share's tasks, then the others'.
@@ -70,8 +73,8 @@ impl<'a> Region<'a> {
                 if i >= share.end {
                     break;
                 }
-                if catch_unwind(AssertUnwindSafe(|| (self.task)(i))).is_err() {
-                    self.panicked.store(true, SeqCst);
+                if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (self.task)(i))) {
+                    self.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(payload);
                 }
                 self.pending.fetch_sub(1, SeqCst);
             }
@@ -143,7 +146,14 @@ impl Pool {
             (0..tasks).for_each(task);
             return;
         }
-        let _one_region = self.caller.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_region = match self.caller.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                (0..tasks).for_each(task);
+                return;
+            }
+        };
         let region = Region::new(task, tasks, self.threads());
         let shared = &*self.shared;
         // SAFETY (of the workers' dereference): the pointer is cleared below,
@@ -161,8 +171,8 @@ impl Pool {
         spin_until(|| region.pending.load(SeqCst) == 0);
         shared.region.store(std::ptr::null_mut(), SeqCst);
         spin_until(|| shared.busy.load(SeqCst) == 0);
-        if region.panicked.load(SeqCst) {
-            resume_unwind(Box::new("a task of a parallel region panicked"));
+        if let Some(payload) = region.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            resume_unwind(payload);
         }
     }
 }
@@ -241,11 +251,29 @@ fn wait_for_epoch(shared: &Shared, seen: usize) -> usize {
     }
 }
 
-/// The process's pool for the CPU backend, sized by rayon's global thread
-/// count (`--threads`) when first used.
+/// Threads for the [`global`] pool, set before its first use (0: the CPUs).
+static THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets how many threads the [`global`] pool runs regions on (the
+/// server's `--threads`); returns false, changing nothing, once the pool
+/// exists.
+pub fn set_threads(threads: usize) -> bool {
+    THREADS.store(threads.max(1), SeqCst);
+    POOL.get().is_none()
+}
+
+static POOL: OnceLock<Pool> = OnceLock::new();
+
+/// The process's pool for the CPU backend: [`set_threads`] threads, or as
+/// many as the machine has CPUs.
 pub fn global() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| Pool::new(rayon::current_num_threads()))
+    POOL.get_or_init(|| {
+        let threads = match THREADS.load(SeqCst) {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        Pool::new(threads)
+    })
 }
 
 /// Runs `task(0) .. task(tasks - 1)` on the [`global`] pool.
@@ -347,7 +375,9 @@ mod tests {
                 finished.fetch_add(1, SeqCst);
             })
         }));
-        assert!(result.is_err());
+        let payload = result.expect_err("the task's panic is raised by the caller");
+        let message = payload.downcast_ref::<String>().map(String::as_str).or(payload.downcast_ref::<&str>().copied());
+        assert_eq!(message, Some("task 5 fails"), "the task's own payload");
         assert_eq!(finished.load(SeqCst), 15, "every other task still ran");
         let after = AtomicUsize::new(0);
         pool.run(16, &|_| {

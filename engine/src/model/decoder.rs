@@ -100,9 +100,10 @@ impl<B: Backend> Decoder<B> {
     /// Runs one step: every sequence's new tokens through the model, then
     /// sampling for those that asked.
     ///
-    /// The step runs on a worker of the rayon pool, so the many parallel
-    /// regions inside it start without handing work across threads (the
-    /// calling thread would otherwise block and wake once per region).
+    /// The step runs on a worker of the rayon pool, so the parallel regions
+    /// still on rayon (grouping activations for the GEMM, dequantization)
+    /// start without handing work across threads; the others run on
+    /// [`crate::pool`], with this thread as its caller.
     pub fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
         rayon::scope(|_| {
             let device_sampling = self.device_sampling;

@@ -1,7 +1,7 @@
 //! The CPU backend: f32 activations, weights kept in their file's block
 //! formats ([`Linear`], integer SIMD kernels), a paged [`KvPool`] (f16 rows
-//! in fast mode, f32 in exact mode), and sampling on the host. Every op runs
-//! on the rayon pool.
+//! in fast mode, f32 in exact mode), and sampling on the host. Ops split
+//! across threads run on [`crate::pool`].
 
 mod aligned;
 pub mod attention;

@@ -405,7 +405,7 @@ unsafe fn vnni_rows<F: GroupedValues, const R: usize>(w: [&[u8]; R], x: &[Q8KGro
     // each a valid `Unpacked` (plain integers and floats). Nothing else
     // borrows it while this runs: only this function uses it, and it
     // neither recurses nor calls anything that could run another job on
-    // this thread (no rayon calls).
+    // this thread (no pool or rayon calls).
     let rows = unsafe { &mut *scratch };
     for b in 0..nb {
         for (row, wr) in rows.iter_mut().zip(&w) {
