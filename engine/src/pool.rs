@@ -333,11 +333,13 @@ mod tests {
                 // Longer than the spin: the worker is parked and must be woken.
                 std::thread::sleep(SPIN_BEFORE_PARKING * 5);
             }
+            // 64 ms of sleeping tasks: the worker gets a core even when
+            // other tests keep both busy.
             pool.run(64, &|_| {
                 if std::thread::current().id() != caller {
                     seen_other.store(true, SeqCst);
                 }
-                std::thread::sleep(Duration::from_micros(200));
+                std::thread::sleep(Duration::from_millis(1));
             });
         }
         assert!(seen_other.load(SeqCst), "the worker never took a task");
