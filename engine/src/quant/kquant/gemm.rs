@@ -380,6 +380,19 @@ fn prefetch_next_rows<F: Format, const R: usize>(row: &[u8], nb: usize, b: usize
     prefetch_l2(row.as_ptr().wrapping_add((R * nb + b) * F::BYTES), F::BYTES);
 }
 
+/// Prefetches into L2 the super-block this row's unpacking needs after
+/// `b`: its `b + 1`, or after the last of its `nb` the first of the row `R`
+/// rows on (rows `stride` super-blocks long, one after another in the
+/// engine; elsewhere a useless hint). With many groups per unpacking
+/// (prefill) the weights are read so slowly that the hardware prefetchers
+/// leave each new line a miss to memory.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_next_super_block<F: Format, const R: usize>(row: &[u8], stride: usize, nb: usize, b: usize) {
+    let next = if b + 1 < nb { b + 1 } else { R * stride };
+    prefetch_l2(row.as_ptr().wrapping_add(next * F::BYTES), F::BYTES);
+}
+
 /// Prefetches into L2 the cache lines of `bytes` bytes from `p` (a hint:
 /// `p` need not be a valid address).
 #[cfg(target_arch = "x86_64")]
@@ -415,6 +428,8 @@ unsafe fn vnni_rows<F: GroupedValues, const R: usize>(w: [&[u8]; R], x: &[Q8KGro
             // load: fetch a later super-block ahead.
             if out.len() <= 2 {
                 prefetch_super_block::<_MM_HINT_T0>(wr, b + PREFETCH_AHEAD, F::BYTES);
+            } else {
+                prefetch_next_super_block::<F, R>(wr, stride, nb, b);
             }
             if let [_] = out {
                 prefetch_next_rows::<F, R>(wr, stride, b);
