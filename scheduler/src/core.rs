@@ -15,7 +15,6 @@ use crate::metrics::Metrics;
 use crate::output::StopReason;
 use crate::request::{FinishReason, GenerationEvent, GenerationRequest, GeneratedToken};
 use crate::sequence::{RequestId, Sequence};
-use rayon::prelude::*;
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling, StepOutput, TokenMask};
 use spindle_engine::grammar::{Constraint, SharedConstraint};
 use std::collections::VecDeque;
@@ -36,12 +35,12 @@ pub struct Step {
 impl Step {
     /// Computes each constrained entry's mask for this step, in parallel.
     fn fill_masks(&mut self) {
-        let masks: Vec<TokenMask> = if self.grammars.len() > 1 {
-            self.grammars.par_iter().map(|(_, c)| lock(c).next_mask()).collect()
-        } else {
-            self.grammars.iter().map(|(_, c)| lock(c).next_mask()).collect()
-        };
-        for ((i, _), mask) in self.grammars.iter().zip(masks) {
+        // On the engine's pool (pool::run runs a single task inline), not
+        // rayon's: waking rayon's workers put a third busy thread on the cores.
+        let mut masks: Vec<Option<TokenMask>> = self.grammars.iter().map(|_| None).collect();
+        let grammars = &self.grammars;
+        spindle_engine::pool::for_each_mut(&mut masks, |i, mask| *mask = Some(lock(&grammars[i].1).next_mask()));
+        for ((i, _), mask) in self.grammars.iter().zip(masks.into_iter().flatten()) {
             if let Some(s) = self.batch.seqs.get_mut(*i).and_then(|s| s.sampling.as_mut()) {
                 s.mask = Some(mask);
             }

@@ -100,17 +100,15 @@ impl<B: Backend> Decoder<B> {
     /// Runs one step: every sequence's new tokens through the model, then
     /// sampling for those that asked.
     ///
-    /// The step runs on a worker of the rayon pool, so the parallel regions
-    /// still on rayon (grouping activations for the GEMM, dequantization)
-    /// start without handing work across threads; the others run on
-    /// [`crate::pool`], with this thread as its caller.
+    /// The step runs on the calling thread, the caller of the CPU
+    /// backend's parallel regions ([`crate::pool`]). It no longer runs on a
+    /// rayon worker: that woke rayon's other worker every step, a third
+    /// busy thread on two cores that kept preempting the pool's.
     pub fn execute(&mut self, batch: &ForwardBatch) -> Result<StepOutput> {
-        rayon::scope(|_| {
-            let device_sampling = self.device_sampling;
-            let (logits, sampled) = self.run(batch, device_sampling)?;
-            let penalties = self.penalties.for_batch(batch);
-            sample_outputs_with(batch, logits, self.config().vocab_size, sampled, &penalties)
-        })
+        let device_sampling = self.device_sampling;
+        let (logits, sampled) = self.run(batch, device_sampling)?;
+        let penalties = self.penalties.for_batch(batch);
+        sample_outputs_with(batch, logits, self.config().vocab_size, sampled, &penalties)
     }
 
     fn run(&mut self, batch: &ForwardBatch, device_sampling: bool) -> Result<(Vec<Vec<f32>>, Vec<crate::backend::Presampled>)> {

@@ -17,7 +17,7 @@ pub use linear::{Linear, MatmulPrecision};
 pub use decoder::{Decoder, ModelRunner};
 pub use llama::{LlamaModel, LlamaWeights, WeightNaming};
 
-/// A raw pointer that rayon tasks may share to write disjoint elements.
+/// A raw pointer that parallel tasks may share to write disjoint elements.
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr(pub(crate) *mut f32);
 // SAFETY: every user writes only indices it exclusively owns (documented at each use).

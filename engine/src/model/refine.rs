@@ -7,7 +7,6 @@ use crate::error::Result;
 use crate::quant::dequant::QK_K;
 use crate::quant::dot::{quantize_row_q8, Q8Block, QK};
 use crate::quant::kquant::{quantize_row_q8k, Q8KBlock};
-use rayon::prelude::*;
 
 /// A block of 8-bit activations: how it is made and what it holds.
 trait ActivationBlock: Default + Clone {
@@ -70,11 +69,11 @@ pub(super) fn matmul_refined(job: &mut MatmulJob<'_>, x: &[f32], n: usize) -> Re
     let mut input = vec![0f32; 2 * n * cols];
     let (values, residuals) = input.split_at_mut(n * cols);
     values.copy_from_slice(&x[..n * cols]);
-    let residual_of = |(out, xt): (&mut [f32], &[f32])| residual_into(layer, xt, out);
+    let mut tokens: Vec<(&mut [f32], &[f32])> = residuals.chunks_mut(cols).zip(values.chunks(cols)).collect();
     if n >= PARALLEL_QUANTIZE_TOKENS {
-        residuals.par_chunks_mut(cols).zip(values.par_chunks(cols)).for_each(residual_of);
+        crate::pool::for_each_mut(&mut tokens, |_, (out, xt)| residual_into(layer, xt, out));
     } else {
-        residuals.chunks_mut(cols).zip(values.chunks(cols)).for_each(residual_of);
+        tokens.iter_mut().for_each(|(out, xt)| residual_into(layer, xt, out));
     }
     let mut both = vec![0f32; 2 * n * rows];
     matmul_rows(&mut [MatmulJob { layer, out: &mut both }], &input, 2 * n, MatmulPrecision::Fast)?;

@@ -5,8 +5,6 @@
 //! no fused multiply-add), so results are bit-exact with ggml's scalar path
 //! and with the `gguf` Python package's `gguf.quants.dequantize`.
 
-use rayon::prelude::*;
-
 use crate::error::{EngineError, Result};
 use crate::gguf::types::GgmlType;
 use crate::weights::TensorView;
@@ -14,10 +12,10 @@ use crate::weights::TensorView;
 /// Elements per k-quant super-block.
 pub const QK_K: usize = 256;
 
-/// Blocks above which dequantization is split across rayon's thread pool.
+/// Blocks above which dequantization is split across the engine's pool.
 const PARALLEL_MIN_BLOCKS: usize = 4096;
 
-/// Blocks handed to one rayon task.
+/// Blocks handed to one task of the pool.
 const BLOCKS_PER_TASK: usize = 1024;
 
 /// Dequantize `out.len()` elements of type `dtype` from `data`.
@@ -126,9 +124,10 @@ fn run_blocks<const IN: usize, const OUT: usize>(
     f: fn(&[u8; IN], &mut [f32; OUT]),
 ) -> Result<()> {
     if data.len() / IN >= PARALLEL_MIN_BLOCKS {
-        data.par_chunks(IN * BLOCKS_PER_TASK)
-            .zip(out.par_chunks_mut(OUT * BLOCKS_PER_TASK))
-            .try_for_each(|(d, o)| run_serial(d, o, f))
+        let mut parts: Vec<(&[u8], &mut [f32], Result<()>)> =
+            data.chunks(IN * BLOCKS_PER_TASK).zip(out.chunks_mut(OUT * BLOCKS_PER_TASK)).map(|(d, o)| (d, o, Ok(()))).collect();
+        crate::pool::for_each_mut(&mut parts, |_, (d, o, result)| *result = run_serial(d, o, f));
+        parts.into_iter().map(|(_, _, result)| result).collect()
     } else {
         run_serial(data, out, f)
     }

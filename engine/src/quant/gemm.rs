@@ -60,17 +60,12 @@ pub fn interleave(xq: &[Q8Block], n: usize, nb: usize) -> Vec<Q8Group> {
 /// Calls `fill(group's nb blocks, lane, token)` for each of the `n` tokens,
 /// groups split across the pool when there are several.
 pub(crate) fn for_each_group<G: Send>(out: &mut [G], nb: usize, n: usize, fill: impl Fn(&mut [G], usize, usize) + Sync) {
-    use rayon::prelude::*;
-    let run = |(g, dst): (usize, &mut [G])| {
+    let mut groups: Vec<&mut [G]> = out.chunks_mut(nb.max(1)).collect();
+    crate::pool::for_each_mut(&mut groups, |g, dst| {
         for lane in 0..GROUP.min(n.saturating_sub(g * GROUP)) {
             fill(dst, lane, g * GROUP + lane);
         }
-    };
-    if out.len() > nb {
-        out.par_chunks_mut(nb.max(1)).enumerate().for_each(run);
-    } else {
-        out.chunks_mut(nb.max(1)).enumerate().for_each(run);
-    }
+    });
 }
 
 /// One weight row (raw blocks) times one group of 8 tokens (`nb` groups).
