@@ -127,7 +127,7 @@ fn run_blocks<const IN: usize, const OUT: usize>(
         let mut parts: Vec<(&[u8], &mut [f32], Result<()>)> =
             data.chunks(IN * BLOCKS_PER_TASK).zip(out.chunks_mut(OUT * BLOCKS_PER_TASK)).map(|(d, o)| (d, o, Ok(()))).collect();
         crate::pool::for_each_mut(&mut parts, |_, (d, o, result)| *result = run_serial(d, o, f));
-        parts.into_iter().map(|(_, _, result)| result).collect()
+        parts.into_iter().try_for_each(|(_, _, result)| result)
     } else {
         run_serial(data, out, f)
     }
