@@ -149,6 +149,7 @@ pub fn scalar_kernel(dtype: GgmlType) -> Option<GemmFn> {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 enum Format {
     Q4_0,
     Q4_1,
@@ -158,6 +159,18 @@ enum Format {
 }
 
 impl Format {
+    /// The format whose discriminant is `code` (the kernels take it as a
+    /// const parameter, so that every test of the format folds away).
+    #[cfg(target_arch = "x86_64")]
+    const fn from_code(code: u8) -> Self {
+        match code {
+            0 => Self::Q4_0,
+            1 => Self::Q4_1,
+            2 => Self::Q5_0,
+            3 => Self::Q5_1,
+            _ => Self::Q8_0,
+        }
+    }
     const fn block_bytes(self) -> usize {
         match self {
             Self::Q4_0 => 18,
@@ -255,7 +268,17 @@ mod simd {
                 let nb = w.iter().fold(x.len(), |nb, row| nb.min(row.len() / $fmt.block_bytes()));
                 // SAFETY: selected only when the CPU has AVX-512 VNNI (see `gemm_kernels`);
                 // it reads nb blocks of each row and nb groups of x, all in bounds.
-                unsafe { vnni_rows::<4>(w.map(|row| row.as_ptr()), x.as_ptr(), nb, $fmt) }
+                unsafe { vnni_rows::<4, { $fmt as u8 }>(w.map(|row| row.as_ptr()), x.as_ptr(), nb) }
+            }
+        };
+    }
+    macro_rules! entry_vnni {
+        ($name:ident, $fmt:expr) => {
+            pub fn $name(w: &[u8], x: &[Q8Group]) -> [f32; GROUP] {
+                let nb = x.len().min(w.len() / $fmt.block_bytes());
+                // SAFETY: selected only when the CPU has AVX-512 VNNI (see `gemm_kernel`);
+                // it reads nb blocks of w and nb groups of x, both in bounds.
+                unsafe { vnni_rows::<1, { $fmt as u8 }>([w.as_ptr()], x.as_ptr(), nb)[0] }
             }
         };
     }
@@ -264,14 +287,14 @@ mod simd {
     entry4!(q8_0_vnni_rows4, Format::Q8_0);
     entry4!(q5_0_vnni_rows4, Format::Q5_0);
     entry4!(q5_1_vnni_rows4, Format::Q5_1);
-    entry!(q4_0_vnni, vnni, Format::Q4_0);
-    entry!(q4_1_vnni, vnni, Format::Q4_1);
-    entry!(q8_0_vnni, vnni, Format::Q8_0);
+    entry_vnni!(q4_0_vnni, Format::Q4_0);
+    entry_vnni!(q4_1_vnni, Format::Q4_1);
+    entry_vnni!(q8_0_vnni, Format::Q8_0);
     entry!(q4_0_avx2, avx2, Format::Q4_0);
     entry!(q4_1_avx2, avx2, Format::Q4_1);
     entry!(q8_0_avx2, avx2, Format::Q8_0);
-    entry!(q5_0_vnni, vnni, Format::Q5_0);
-    entry!(q5_1_vnni, vnni, Format::Q5_1);
+    entry_vnni!(q5_0_vnni, Format::Q5_0);
+    entry_vnni!(q5_1_vnni, Format::Q5_1);
     entry!(q5_0_avx2, avx2, Format::Q5_0);
     entry!(q5_1_avx2, avx2, Format::Q5_1);
 
@@ -357,24 +380,15 @@ mod simd {
     /// Blocks unpacked per pass of the VNNI kernel (2.5 KiB of stack per row).
     const UNPACK_BLOCKS: usize = 64;
 
-    /// AVX-512 VNNI: all 16 tokens in one register, one `vpdpbusd` per 4 weights.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-    unsafe fn vnni(w: *const u8, x: *const Q8Group, nb: usize, f: Format) -> [f32; GROUP] {
-        // SAFETY: forwarded from the caller.
-        unsafe { vnni_rows::<1>([w], x, nb, f)[0] }
-    }
-
-    /// `R` weight rows at once: each activation vector loaded serves all `R`
-    /// rows. A chunk of each row is unpacked first, so the main loop's weight
+    /// AVX-512 VNNI, all 16 tokens in one register, one `vpdpbusd` per 4
+    /// weights; `R` weight rows at once of format `F` (a [`Format`]'s
+    /// discriminant): each activation vector loaded serves all `R` rows. A
+    /// chunk of each row is unpacked first, so the main loop's weight
     /// broadcasts are plain memory operands (load ports) rather than shuffles.
     /// Every row sees exactly the float operations of the one-row kernel.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-    unsafe fn vnni_rows<const R: usize>(
-        w: [*const u8; R],
-        x: *const Q8Group,
-        nb: usize,
-        f: Format,
-    ) -> [[f32; GROUP]; R] {
+    unsafe fn vnni_rows<const R: usize, const F: u8>(w: [*const u8; R], x: *const Q8Group, nb: usize) -> [[f32; GROUP]; R] {
+        let f = const { Format::from_code(F) };
         // SAFETY (whole body): nb blocks of every w[r] and nb groups of x are
         // readable (see `entry!`); every unpacked entry is written before it is read.
         unsafe {
