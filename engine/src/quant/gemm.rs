@@ -252,13 +252,13 @@ mod simd {
     use super::{Format, Q8Group, GROUP};
     use std::arch::x86_64::*;
 
-    macro_rules! entry {
-        ($name:ident, $imp:ident, $fmt:expr) => {
+    macro_rules! entry_avx2 {
+        ($name:ident, $fmt:expr) => {
             pub fn $name(w: &[u8], x: &[Q8Group]) -> [f32; GROUP] {
                 let nb = x.len().min(w.len() / $fmt.block_bytes());
-                // SAFETY: selected only when the CPU has the features `$imp` enables;
-                // it reads nb blocks of w and nb groups of x, both in bounds.
-                unsafe { $imp(w.as_ptr(), x.as_ptr(), nb, $fmt) }
+                // SAFETY: selected only when the CPU has AVX2, FMA and F16C (see
+                // `gemm_kernel`); it reads nb blocks of w and nb groups of x, both in bounds.
+                unsafe { avx2::<{ $fmt as u8 }>(w.as_ptr(), x.as_ptr(), nb) }
             }
         };
     }
@@ -290,13 +290,13 @@ mod simd {
     entry_vnni!(q4_0_vnni, Format::Q4_0);
     entry_vnni!(q4_1_vnni, Format::Q4_1);
     entry_vnni!(q8_0_vnni, Format::Q8_0);
-    entry!(q4_0_avx2, avx2, Format::Q4_0);
-    entry!(q4_1_avx2, avx2, Format::Q4_1);
-    entry!(q8_0_avx2, avx2, Format::Q8_0);
+    entry_avx2!(q4_0_avx2, Format::Q4_0);
+    entry_avx2!(q4_1_avx2, Format::Q4_1);
+    entry_avx2!(q8_0_avx2, Format::Q8_0);
     entry_vnni!(q5_0_vnni, Format::Q5_0);
     entry_vnni!(q5_1_vnni, Format::Q5_1);
-    entry!(q5_0_avx2, avx2, Format::Q5_0);
-    entry!(q5_1_avx2, avx2, Format::Q5_1);
+    entry_avx2!(q5_0_avx2, Format::Q5_0);
+    entry_avx2!(q5_1_avx2, Format::Q5_1);
 
     /// Unpack one weight block to 32 unsigned bytes in `buf`; returns (d, m).
     #[inline(always)]
@@ -344,7 +344,7 @@ mod simd {
         signed_weights: bool,
         dot4: impl Fn(__m256i, __m256i, __m256i) -> __m256i,
     ) -> [f32; GROUP] {
-        // SAFETY (whole body): nb blocks of w and nb groups of x are readable (see `entry!`).
+        // SAFETY (whole body): nb blocks of w and nb groups of x are readable (see `entry_avx2!`).
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 2];
             let mut buf = [0u8; 32];
@@ -390,7 +390,7 @@ mod simd {
     unsafe fn vnni_rows<const R: usize, const F: u8>(w: [*const u8; R], x: *const Q8Group, nb: usize) -> [[f32; GROUP]; R] {
         let f = const { Format::from_code(F) };
         // SAFETY (whole body): nb blocks of every w[r] and nb groups of x are
-        // readable (see `entry!`); every unpacked entry is written before it is read.
+        // readable (see `entry4!` and `entry_vnni!`); every unpacked entry is written before it is read.
         unsafe {
             let mut acc = [_mm512_setzero_ps(); R];
             let mut unpacked = std::mem::MaybeUninit::<[[[u8; 32]; UNPACK_BLOCKS]; R]>::uninit();
@@ -439,8 +439,11 @@ mod simd {
         }
     }
 
+    /// AVX2, 16 tokens as two halves of 8 lanes, format `F` (a
+    /// [`Format`]'s discriminant, so that its tests fold away).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn avx2(w: *const u8, x: *const Q8Group, nb: usize, f: Format) -> [f32; GROUP] {
+    unsafe fn avx2<const F: u8>(w: *const u8, x: *const Q8Group, nb: usize) -> [f32; GROUP] {
+        let f = const { Format::from_code(F) };
         let ones = _mm256_set1_epi16(1);
         let bias = _mm256_set1_epi8(-128);
         // SAFETY: forwarded; the closures run with this function's features.
