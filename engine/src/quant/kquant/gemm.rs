@@ -532,9 +532,10 @@ pub(super) unsafe fn fold<F: Format, const R: usize>(rows: &[Unpacked; R], xg: &
             for (pair, &m) in pairs.iter().zip(&row.mins) {
                 msum = _mm512_dpwssd_epi32(msum, *pair, _mm512_set1_epi32(m));
             }
+            // acc - dmin·msum in one rounding: the one-token kernels'
+            // fma(-dmin, msum, acc) bit for bit (negation is exact).
             let dmin = _mm512_mul_ps(xd, _mm512_set1_ps(row.d.1));
-            let neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin), _mm512_set1_epi32(i32::MIN)));
-            acc = _mm512_fmadd_ps(neg, _mm512_cvtepi32_ps(msum), acc);
+            acc = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(msum), acc);
         }
         // SAFETY: o holds 16 floats.
         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
