@@ -1,7 +1,8 @@
 //! Decode-step time at batch 1/4/16 (context 128) and batch 1 at contexts
 //! 512 and 2048, and prefill throughput at 128/512 tokens
-//! on SmolLM2-135M-Instruct (Q4_1), with the rayon pool's thread count
-//! (`RAYON_NUM_THREADS`, default: all cores).
+//! on SmolLM2-135M-Instruct (Q4_1), on as many threads as
+//! `RAYON_NUM_THREADS` says (default: all cores; the engine's pool is sized
+//! from rayon's count, as the server's `--threads` sizes both).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use spindle_engine::batch::{ForwardBatch, LogitsRequest, SeqInput, SeqSampling};
@@ -25,6 +26,9 @@ fn seq(tokens: Vec<u32>, start: usize, table: &[u32]) -> SeqInput {
 }
 
 fn bench_forward(c: &mut Criterion) {
+    // The forward pass runs on the engine's pool: size it as the server's
+    // `--threads` would, from rayon's count (`RAYON_NUM_THREADS`).
+    spindle_engine::pool::set_threads(rayon::current_num_threads());
     let Some(model) = spindle_benches::load_smollm2() else { return };
     let mut runner = ModelRunner::new(model, 1024, BLOCK);
     let mut alloc = BlockAllocator::new(1024);

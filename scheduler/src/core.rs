@@ -40,9 +40,9 @@ impl Step {
         let mut masks: Vec<Option<TokenMask>> = self.grammars.iter().map(|_| None).collect();
         let grammars = &self.grammars;
         spindle_engine::pool::for_each_mut(&mut masks, |i, mask| *mask = Some(lock(&grammars[i].1).next_mask()));
-        for ((i, _), mask) in self.grammars.iter().zip(masks.into_iter().flatten()) {
+        for ((i, _), mask) in self.grammars.iter().zip(masks) {
             if let Some(s) = self.batch.seqs.get_mut(*i).and_then(|s| s.sampling.as_mut()) {
-                s.mask = Some(mask);
+                s.mask = mask;
             }
         }
     }

@@ -168,7 +168,8 @@ impl Format {
             1 => Self::Q4_1,
             2 => Self::Q5_0,
             3 => Self::Q5_1,
-            _ => Self::Q8_0,
+            4 => Self::Q8_0,
+            _ => panic!("not a block format's code"),
         }
     }
     const fn block_bytes(self) -> usize {

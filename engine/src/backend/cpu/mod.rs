@@ -126,7 +126,7 @@ impl Backend for CpuBackend {
     type Step = CpuStep;
 
     fn describe(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        format!("cpu ({} threads)", crate::pool::global().threads())
     }
 
     fn load_linear(&self, t: &TensorView<'_>, rows: usize, cols: usize, bias: Option<Vec<f32>>) -> Result<Linear> {
