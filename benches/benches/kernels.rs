@@ -1,5 +1,6 @@
-//! Single-threaded quantized kernels: the grouped GEMM (16 tokens per call)
-//! over one layer's worth of Q4_1 rows, and activation quantization; K-quant
+//! Single-threaded quantized kernels: the grouped GEMM (16 tokens per call,
+//! and 512 tokens a group or all groups at a time) over one layer's worth
+//! of Q4_1 rows, and activation quantization; K-quant
 //! (Q4_K, Q6_K) decode over 256 MiB of weights (bytes/s, against the machine's
 //! memory read bandwidth measured in the same run by `memory_read`) and the
 //! K-quant prefill GEMM on Qwen2.5-1.5B layer shapes (multiply-adds/s); the
@@ -41,6 +42,50 @@ fn q4_1_rows(rows: usize, cols: usize) -> Vec<u8> {
 
 fn activations(tokens: usize, cols: usize) -> Vec<f32> {
     pseudo_random(tokens * cols, 3).into_iter().map(|b| (b as f32 - 128.0) / 37.0).collect()
+}
+
+/// The grouped Q4_1 kernel over 512 tokens (32 groups) of a SmolLM2
+/// layer shape: four rows a group at a time (`rows4`, unpacking the rows
+/// for every group) against all groups at once (`rows4_groups`).
+fn bench_q4_1_prefill(c: &mut Criterion) {
+    let Some(kernels) = gemm_kernels(GgmlType::Q4_1) else { return };
+    let (Some(rows4), Some(rows4_groups)) = (kernels.rows4, kernels.rows4_groups) else { return };
+    let mut group = c.benchmark_group("gemm_q4_1_512tok");
+    group.sample_size(10);
+    let (rows, cols, tokens) = (1536usize, 576usize, 512usize);
+    let weights = q4_1_rows(rows, cols);
+    let nb = cols / QK;
+    let x = activations(tokens, cols);
+    let mut xq = vec![Q8Block::default(); tokens * nb];
+    quantize_row_q8(&x, &mut xq);
+    let groups = interleave(&xq, tokens, nb);
+    let row_bytes = nb * Q4_1_BLOCK_BYTES;
+    group.throughput(Throughput::Elements((rows * cols * tokens) as u64));
+    group.bench_function(format!("{rows}x{cols}/rows4"), |b| {
+        b.iter(|| {
+            let mut acc = 0f32;
+            for four in weights.chunks_exact(4 * row_bytes) {
+                let r: Vec<&[u8]> = four.chunks_exact(row_bytes).collect();
+                for xg in groups.chunks_exact(nb) {
+                    acc += rows4([r[0], r[1], r[2], r[3]], black_box(xg))[0][0];
+                }
+            }
+            acc
+        })
+    });
+    let mut out = vec![[[0f32; GROUP]; 4]; tokens / GROUP];
+    group.bench_function(format!("{rows}x{cols}/rows4_groups"), |b| {
+        b.iter(|| {
+            let mut acc = 0f32;
+            for four in weights.chunks_exact(4 * row_bytes) {
+                let r: Vec<&[u8]> = four.chunks_exact(row_bytes).collect();
+                rows4_groups([r[0], r[1], r[2], r[3]], black_box(&groups), nb, &mut out);
+                acc += out[0][0][0];
+            }
+            acc
+        })
+    });
+    group.finish();
 }
 
 fn bench_kernels(c: &mut Criterion) {
@@ -85,6 +130,7 @@ fn bench_kernels(c: &mut Criterion) {
         }
     }
     group.finish();
+    bench_q4_1_prefill(c);
 
     let mut quant = c.benchmark_group("quantize_q8");
     let x = activations(GROUP, 1536);

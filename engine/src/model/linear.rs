@@ -233,7 +233,17 @@ impl Linear {
                 let nb = cols / QK;
                 let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
                 let mut r = rows.start;
-                if let Some(rows4) = gemm.rows4 {
+                if let Some(rows4_groups) = gemm.rows4_groups {
+                    // Each block of 4 rows unpacked once for all the groups.
+                    let mut out = vec![[[0f32; GROUP]; 4]; xq.groups.len() / nb.max(1)];
+                    while r + 4 <= rows.end {
+                        rows4_groups([row(r), row(r + 1), row(r + 2), row(r + 3)], &xq.groups, nb, &mut out);
+                        for (g, four) in out.iter().enumerate() {
+                            write.put_group4(r, g, four, n);
+                        }
+                        r += 4;
+                    }
+                } else if let Some(rows4) = gemm.rows4 {
                     while r + 4 <= rows.end {
                         for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
                             let out = rows4([row(r), row(r + 1), row(r + 2), row(r + 3)], xg);

@@ -74,6 +74,12 @@ pub type GemmFn = fn(&[u8], &[Q8Group]) -> [f32; GROUP];
 /// Four weight rows times one group of 16 tokens (each row's result equals [`GemmFn`]'s).
 pub type GemmRows4Fn = fn([&[u8]; 4], &[Q8Group]) -> [[f32; GROUP]; 4];
 
+/// Four weight rows times every group of `out.len()`: `(rows, x, nb,
+/// out)`, group `g`'s `nb` blocks at `x[g * nb..]`, its results to
+/// `out[g]` (each equal to [`GemmRows4Fn`]'s for that group). Each chunk
+/// of the rows is unpacked once for all the groups.
+pub type GemmRows4GroupsFn = fn([&[u8]; 4], &[Q8Group], usize, &mut [[[f32; GROUP]; 4]]);
+
 /// The grouped kernels for a weight type: one row, and four rows sharing
 /// each activation load (where this CPU has a kernel for that).
 #[derive(Clone, Copy)]
@@ -82,6 +88,8 @@ pub struct GemmKernels {
     pub one: GemmFn,
     /// Four rows at once.
     pub rows4: Option<GemmRows4Fn>,
+    /// Four rows at once, for every group.
+    pub rows4_groups: Option<GemmRows4GroupsFn>,
 }
 
 /// The best grouped kernels for a weight type on this CPU, if any.
@@ -94,18 +102,18 @@ pub fn gemm_kernels(dtype: GgmlType) -> Option<GemmKernels> {
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("f16c");
         if vnni {
-            let rows4: Option<GemmRows4Fn> = match dtype {
-                GgmlType::Q4_0 => Some(simd::q4_0_vnni_rows4),
-                GgmlType::Q4_1 => Some(simd::q4_1_vnni_rows4),
-                GgmlType::Q8_0 => Some(simd::q8_0_vnni_rows4),
-                GgmlType::Q5_0 => Some(simd::q5_0_vnni_rows4),
-                GgmlType::Q5_1 => Some(simd::q5_1_vnni_rows4),
-                _ => None,
+            let (rows4, rows4_groups): (GemmRows4Fn, GemmRows4GroupsFn) = match dtype {
+                GgmlType::Q4_0 => (simd::q4_0_vnni_rows4, simd::q4_0_vnni_rows4_groups),
+                GgmlType::Q4_1 => (simd::q4_1_vnni_rows4, simd::q4_1_vnni_rows4_groups),
+                GgmlType::Q8_0 => (simd::q8_0_vnni_rows4, simd::q8_0_vnni_rows4_groups),
+                GgmlType::Q5_0 => (simd::q5_0_vnni_rows4, simd::q5_0_vnni_rows4_groups),
+                GgmlType::Q5_1 => (simd::q5_1_vnni_rows4, simd::q5_1_vnni_rows4_groups),
+                _ => return Some(GemmKernels { one, rows4: None, rows4_groups: None }),
             };
-            return Some(GemmKernels { one, rows4 });
+            return Some(GemmKernels { one, rows4: Some(rows4), rows4_groups: Some(rows4_groups) });
         }
     }
-    Some(GemmKernels { one, rows4: None })
+    Some(GemmKernels { one, rows4: None, rows4_groups: None })
 }
 
 /// The best grouped kernel for a weight type on this CPU, if any.
@@ -273,6 +281,17 @@ mod simd {
             }
         };
     }
+    macro_rules! entry4_groups {
+        ($name:ident, $fmt:expr) => {
+            pub fn $name(w: [&[u8]; 4], x: &[Q8Group], nb: usize, out: &mut [[[f32; GROUP]; 4]]) {
+                assert!(w.iter().all(|row| row.len() >= nb * $fmt.block_bytes()), "grouped GEMM: weight row shorter than {nb} blocks");
+                assert!(x.len() >= out.len() * nb, "grouped GEMM: {} activation groups for {} x {nb}", x.len(), out.len());
+                // SAFETY: selected only when the CPU has AVX-512 VNNI (see `gemm_kernels`);
+                // nb blocks of each row and out.len() * nb groups of x, checked above.
+                unsafe { vnni_groups::<4, { $fmt as u8 }>(w.map(|row| row.as_ptr()), x.as_ptr(), nb, out) }
+            }
+        };
+    }
     macro_rules! entry_vnni {
         ($name:ident, $fmt:expr) => {
             pub fn $name(w: &[u8], x: &[Q8Group]) -> [f32; GROUP] {
@@ -288,6 +307,11 @@ mod simd {
     entry4!(q8_0_vnni_rows4, Format::Q8_0);
     entry4!(q5_0_vnni_rows4, Format::Q5_0);
     entry4!(q5_1_vnni_rows4, Format::Q5_1);
+    entry4_groups!(q4_0_vnni_rows4_groups, Format::Q4_0);
+    entry4_groups!(q4_1_vnni_rows4_groups, Format::Q4_1);
+    entry4_groups!(q8_0_vnni_rows4_groups, Format::Q8_0);
+    entry4_groups!(q5_0_vnni_rows4_groups, Format::Q5_0);
+    entry4_groups!(q5_1_vnni_rows4_groups, Format::Q5_1);
     entry_vnni!(q4_0_vnni, Format::Q4_0);
     entry_vnni!(q4_1_vnni, Format::Q4_1);
     entry_vnni!(q8_0_vnni, Format::Q8_0);
@@ -389,11 +413,23 @@ mod simd {
     /// Every row sees exactly the float operations of the one-row kernel.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
     unsafe fn vnni_rows<const R: usize, const F: u8>(w: [*const u8; R], x: *const Q8Group, nb: usize) -> [[f32; GROUP]; R] {
+        let mut out = [[[0f32; GROUP]; R]];
+        // SAFETY: forwarded from the caller (one group of nb blocks at x).
+        unsafe { vnni_groups::<R, F>(w, x, nb, &mut out) };
+        out[0]
+    }
+
+    /// [`vnni_rows`] for `out.len()` groups of 16 tokens (group `g`'s
+    /// blocks at `x + g * nb`), each chunk of the rows unpacked once for all
+    /// of them; `out[g]` receives group `g`'s results. Each group's sums
+    /// carry over from one chunk to the next through `out`, exactly.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    unsafe fn vnni_groups<const R: usize, const F: u8>(w: [*const u8; R], x: *const Q8Group, nb: usize, out: &mut [[[f32; GROUP]; R]]) {
         let f = const { Format::from_code(F) };
-        // SAFETY (whole body): nb blocks of every w[r] and nb groups of x are
-        // readable (see `entry4!` and `entry_vnni!`); every unpacked entry is written before it is read.
+        // SAFETY (whole body): nb blocks of every w[r] and out.len() * nb groups of x are
+        // readable (see `entry4!`, `entry4_groups!` and `entry_vnni!`); every unpacked
+        // entry is written before it is read.
         unsafe {
-            let mut acc = [_mm512_setzero_ps(); R];
             let mut unpacked = std::mem::MaybeUninit::<[[[u8; 32]; UNPACK_BLOCKS]; R]>::uninit();
             let mut scales = std::mem::MaybeUninit::<[[(f32, f32); UNPACK_BLOCKS]; R]>::uninit();
             let unpacked = &mut *unpacked.as_mut_ptr();
@@ -407,36 +443,37 @@ mod simd {
                         scales[r][i] = unpack_block(block, f, &mut unpacked[r][i]);
                     }
                 }
-                for i in 0..count {
-                    let xg = &*x.add(first + i);
-                    let xv: [__m512i; 8] =
-                        std::array::from_fn(|k| _mm512_load_si512(xg.qs[k].as_ptr() as *const __m512i));
-                    let xd = _mm512_load_ps(xg.d.as_ptr());
-                    for r in 0..R {
-                        let (d, m) = scales[r][i];
-                        let wb = unpacked[r][i].as_ptr();
-                        let mut isum = _mm512_setzero_si512();
-                        for (k, xv) in xv.iter().enumerate() {
-                            let wv = _mm512_set1_epi32(std::ptr::read_unaligned(wb.add(4 * k) as *const i32));
-                            isum = _mm512_dpbusd_epi32(isum, wv, *xv);
+                for (g, o) in out.iter_mut().enumerate() {
+                    let mut acc: [__m512; R] = std::array::from_fn(|r| if first == 0 { _mm512_setzero_ps() } else { _mm512_loadu_ps(o[r].as_ptr()) });
+                    for i in 0..count {
+                        let xg = &*x.add(g * nb + first + i);
+                        let xv: [__m512i; 8] =
+                            std::array::from_fn(|k| _mm512_load_si512(xg.qs[k].as_ptr() as *const __m512i));
+                        let xd = _mm512_load_ps(xg.d.as_ptr());
+                        for r in 0..R {
+                            let (d, m) = scales[r][i];
+                            let wb = unpacked[r][i].as_ptr();
+                            let mut isum = _mm512_setzero_si512();
+                            for (k, xv) in xv.iter().enumerate() {
+                                let wv = _mm512_set1_epi32(std::ptr::read_unaligned(wb.add(4 * k) as *const i32));
+                                isum = _mm512_dpbusd_epi32(isum, wv, *xv);
+                            }
+                            if f.offset() != 0 {
+                                let qsum = _mm512_load_si512(xg.qsum.as_ptr() as *const __m512i);
+                                isum = _mm512_sub_epi32(isum, _mm512_mullo_epi32(qsum, offset));
+                            }
+                            let scale = _mm512_mul_ps(xd, _mm512_set1_ps(d));
+                            acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[r]);
+                            if f.has_min() {
+                                acc[r] = _mm512_fmadd_ps(_mm512_load_ps(xg.s.as_ptr()), _mm512_set1_ps(m), acc[r]);
+                            }
                         }
-                        if f.offset() != 0 {
-                            let qsum = _mm512_load_si512(xg.qsum.as_ptr() as *const __m512i);
-                            isum = _mm512_sub_epi32(isum, _mm512_mullo_epi32(qsum, offset));
-                        }
-                        let scale = _mm512_mul_ps(xd, _mm512_set1_ps(d));
-                        acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[r]);
-                        if f.has_min() {
-                            acc[r] = _mm512_fmadd_ps(_mm512_load_ps(xg.s.as_ptr()), _mm512_set1_ps(m), acc[r]);
-                        }
+                    }
+                    for (o, acc) in o.iter_mut().zip(acc) {
+                        _mm512_storeu_ps(o.as_mut_ptr(), acc);
                     }
                 }
             }
-            let mut out = [[0f32; GROUP]; R];
-            for r in 0..R {
-                _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r]);
-            }
-            out
         }
     }
 
@@ -479,7 +516,8 @@ mod tests {
     #[test]
     fn grouped_kernels_match_the_decode_kernels() {
         let mut seed = 5u64;
-        let (cols, n) = (256, 21);
+        // 66 blocks: the VNNI kernels unpack 64, then 2 (sums carried across).
+        let (cols, n) = (2112, 21);
         let nb = cols / QK;
         let x: Vec<f32> = (0..n * cols).map(|_| (lcg(&mut seed) % 2000) as f32 / 700.0 - 1.4).collect();
         let mut xq = vec![Q8Block::default(); n * nb];
@@ -512,12 +550,16 @@ mod tests {
                     .map(|r| w.iter().enumerate().map(|(i, &b)| if i % ts >= 4 { b ^ r.wrapping_mul(0x5b) } else { b }).collect())
                     .collect();
                 let single = gemm_kernel(dtype).expect("kernel");
+                let all_groups = gemm_kernels(dtype).and_then(|k| k.rows4_groups).expect("with rows4");
+                let mut together = vec![[[0f32; GROUP]; 4]; n.div_ceil(GROUP)];
+                all_groups([&rows[0], &rows[1], &rows[2], &rows[3]], &groups, nb, &mut together);
                 for g in 0..n.div_ceil(GROUP) {
                     let xg = &groups[g * nb..(g + 1) * nb];
                     let four = rows4([&rows[0], &rows[1], &rows[2], &rows[3]], xg);
                     for (r, row) in rows.iter().enumerate() {
                         let want = single(row, xg);
                         assert_eq!(four[r].map(f32::to_bits), want.map(f32::to_bits), "{dtype:?} row {r}");
+                        assert_eq!(together[g][r].map(f32::to_bits), want.map(f32::to_bits), "{dtype:?} row {r}, all groups at once");
                     }
                 }
             }
