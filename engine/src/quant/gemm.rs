@@ -284,8 +284,16 @@ mod simd {
     macro_rules! entry4_groups {
         ($name:ident, $fmt:expr) => {
             pub fn $name(w: [&[u8]; 4], x: &[Q8Group], nb: usize, out: &mut [[[f32; GROUP]; 4]]) {
-                assert!(w.iter().all(|row| row.len() >= nb * $fmt.block_bytes()), "grouped GEMM: weight row shorter than {nb} blocks");
-                assert!(x.len() >= out.len() * nb, "grouped GEMM: {} activation groups for {} x {nb}", x.len(), out.len());
+                let row_bytes = nb.checked_mul($fmt.block_bytes());
+                assert!(w.iter().all(|row| row_bytes.is_some_and(|b| row.len() >= b)), "grouped GEMM: weight row shorter than {nb} blocks");
+                assert!(out.len().checked_mul(nb).is_some_and(|need| x.len() >= need), "grouped GEMM: {} activation groups for {} x {nb}", x.len(), out.len());
+                if nb == 0 {
+                    out.fill([[0.0; GROUP]; 4]);
+                    return;
+                }
+                if out.is_empty() {
+                    return;
+                }
                 // SAFETY: selected only when the CPU has AVX-512 VNNI (see `gemm_kernels`);
                 // nb blocks of each row and out.len() * nb groups of x, checked above.
                 unsafe { vnni_groups::<4, { $fmt as u8 }>(w.map(|row| row.as_ptr()), x.as_ptr(), nb, out) }
@@ -513,6 +521,18 @@ mod tests {
         (*seed >> 33) as u32
     }
 
+    /// A block count whose byte size wraps must be refused, not read:
+    /// 2^62 blocks of 20 bytes wrap to 0 bytes (with no groups, the
+    /// activations' check passes too).
+    #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "needs AVX-512 VNNI (the four-row grouped kernels)")]
+    #[should_panic(expected = "weight row shorter")]
+    fn all_groups_kernel_refuses_a_block_count_that_overflows() {
+        let all_groups = gemm_kernels(GgmlType::Q4_1).and_then(|k| k.rows4_groups).expect("a VNNI CPU has the kernel");
+        let row = [0u8; 64];
+        all_groups([&row, &row, &row, &row], &[], 1 << 62, &mut []);
+    }
+
     #[test]
     fn grouped_kernels_match_the_decode_kernels() {
         let mut seed = 5u64;
@@ -551,7 +571,8 @@ mod tests {
                     .collect();
                 let single = gemm_kernel(dtype).expect("kernel");
                 let all_groups = gemm_kernels(dtype).and_then(|k| k.rows4_groups).expect("with rows4");
-                let mut together = vec![[[0f32; GROUP]; 4]; n.div_ceil(GROUP)];
+                // NaN first: every result must be written, none carried over.
+                let mut together = vec![[[f32::NAN; GROUP]; 4]; n.div_ceil(GROUP)];
                 all_groups([&rows[0], &rows[1], &rows[2], &rows[3]], &groups, nb, &mut together);
                 for g in 0..n.div_ceil(GROUP) {
                     let xg = &groups[g * nb..(g + 1) * nb];

@@ -184,10 +184,11 @@ pub(super) fn check(w: &[&[u8]], x: &[Q8KGroup], nb: usize, groups: usize, bytes
 /// [`check`] with groups `stride` super-blocks apart.
 #[cfg(target_arch = "x86_64")]
 fn check_strided(w: &[&[u8]], x: &[Q8KGroup], stride: usize, nb: usize, groups: usize, bytes: usize) {
-    assert!(w.iter().all(|r| r.len() >= nb * bytes), "K-quant GEMM: weight row shorter than {nb} super-blocks");
+    let row_bytes = nb.checked_mul(bytes);
+    assert!(w.iter().all(|r| row_bytes.is_some_and(|b| r.len() >= b)), "K-quant GEMM: weight row shorter than {nb} super-blocks");
     assert!(nb <= stride, "K-quant GEMM: {nb} super-blocks of groups {stride} apart");
-    let need = groups.checked_sub(1).map_or(0, |g| g * stride + nb);
-    assert!(x.len() >= need, "K-quant GEMM: {} activation groups for {groups} x {nb} (stride {stride})", x.len());
+    let need = groups.checked_sub(1).map_or(Some(0), |g| g.checked_mul(stride).and_then(|at| at.checked_add(nb)));
+    assert!(need.is_some_and(|need| x.len() >= need), "K-quant GEMM: {} activation groups for {groups} x {nb} (stride {stride})", x.len());
 }
 
 /// Zeroes a kernel's results before a whole row.
@@ -547,6 +548,18 @@ mod tests {
     use super::*;
     use crate::quant::kquant::test_rows::{lcg, random_row};
     use crate::quant::kquant::{kdot_kernels, quantize_row_q8k};
+
+    /// A super-block count whose byte size wraps must be refused, not
+    /// read: 2^60 super-blocks of 144 bytes wrap to 0 bytes (with no
+    /// groups, the activations' check passes too).
+    #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "needs AVX-512 VNNI (the grouped K-quant kernels)")]
+    #[should_panic(expected = "weight row shorter")]
+    fn grouped_kernels_refuse_a_super_block_count_that_overflows() {
+        let kernels = kgemm_kernels(GgmlType::Q4K).expect("a VNNI CPU has the kernels");
+        let row = [0u8; 144];
+        (kernels.rows4_acc)([&row, &row, &row, &row], &[], 1 << 60, 1 << 60, &mut []);
+    }
 
     #[test]
     fn grouped_kernels_exist_exactly_with_vnni() {
