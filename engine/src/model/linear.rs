@@ -17,8 +17,9 @@ use crate::quant::dot::{dot_kernels, quantize_row_q8, DotKernels, Q8Block, QK};
 use crate::quant::dequant::QK_K;
 use crate::quant::gemm::{gemm_kernels, interleave, GemmKernels, Q8Group, GROUP};
 use crate::quant::kquant::gemm::{interleave_k, kgemm_kernels, KGemmKernels, Q8KGroup};
-use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, KDotKernels, KRows4TokensFn, Q8KBlock};
+use crate::quant::kquant::{kdot_kernels, quantize_row_q8k, KDotKernels, Q8KBlock};
 use super::sink::Sink;
+use super::token_rows::{rows4_tokens, token_rows, TokenKernels};
 use super::SendPtr;
 use crate::simd;
 use crate::weights::WeightBytes;
@@ -303,91 +304,6 @@ impl Linear {
         Ok(())
     }
 }
-
-/// One weight format's kernels over token rows of activation blocks `X`
-/// (32-value [`Q8Block`]s or K-quant [`Q8KBlock`]s).
-struct TokenKernels<X> {
-    one: fn(&[u8], &[X]) -> f32,
-    four: fn(&[u8], &[X], usize) -> [f32; 4],
-    rows4: fn([&[u8]; 4], &[X]) -> [f32; 4],
-}
-
-/// Output rows `rows` for `n` tokens of `nb` blocks each: fewer than 4
-/// tokens take four weight rows at a time (independent chains), otherwise
-/// each weight row takes four tokens at a time; the rest one by one.
-#[allow(clippy::too_many_arguments)]
-fn token_rows<X>(
-    k: TokenKernels<X>,
-    bytes: &[u8],
-    row_bytes: usize,
-    rows: std::ops::Range<usize>,
-    x: &[X],
-    nb: usize,
-    n: usize,
-    write: &Sink,
-) {
-    let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
-    let mut r = rows.start;
-    if n < 4 {
-        while r + 4 <= rows.end {
-            for t in 0..n {
-                let out = (k.rows4)([row(r), row(r + 1), row(r + 2), row(r + 3)], &x[t * nb..(t + 1) * nb]);
-                for (i, v) in out.into_iter().enumerate() {
-                    write.put(r + i, t, v);
-                }
-            }
-            r += 4;
-        }
-    }
-    for r in r..rows.end {
-        let wr = row(r);
-        let mut t = 0;
-        while t + 4 <= n {
-            for (j, v) in (k.four)(wr, &x[t * nb..(t + 4) * nb], nb).into_iter().enumerate() {
-                write.put(r, t + j, v);
-            }
-            t += 4;
-        }
-        for t in t..n {
-            write.put(r, t, (k.one)(wr, &x[t * nb..(t + 1) * nb]));
-        }
-    }
-}
-
-/// Output rows of `rows`, four at a time, for all `n` tokens with a kernel
-/// that unpacks each row once for up to [`KROWS_TOKENS`] tokens (batched
-/// decode); returns the rows left (fewer than four).
-#[allow(clippy::too_many_arguments)]
-fn rows4_tokens(
-    many: KRows4TokensFn,
-    bytes: &[u8],
-    row_bytes: usize,
-    rows: std::ops::Range<usize>,
-    x: &[Q8KBlock],
-    nb: usize,
-    n: usize,
-    write: &Sink,
-) -> std::ops::Range<usize> {
-    let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
-    let mut out = [[0f32; 4]; KROWS_TOKENS];
-    let mut r = rows.start;
-    while r + 4 <= rows.end {
-        for first in (0..n).step_by(KROWS_TOKENS) {
-            let count = (n - first).min(KROWS_TOKENS);
-            many([row(r), row(r + 1), row(r + 2), row(r + 3)], &x[first * nb..(first + count) * nb], nb, &mut out[..count]);
-            for (t, lanes) in out[..count].iter().enumerate() {
-                for (i, v) in lanes.iter().enumerate() {
-                    write.put(r + i, first + t, *v);
-                }
-            }
-        }
-        r += 4;
-    }
-    r..rows.end
-}
-
-/// Tokens per call of a [`KRows4TokensFn`].
-const KROWS_TOKENS: usize = 8;
 
 /// The input of a fast matmul: 8-bit rows (per 32 values), for prefill-sized
 /// batches the same values interleaved 16 tokens at a time for the grouped

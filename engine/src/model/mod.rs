@@ -10,6 +10,7 @@ mod kquant_grouped;
 pub mod mlp;
 mod refine;
 mod sink;
+mod token_rows;
 pub mod llama;
 pub mod ops;
 
