@@ -244,14 +244,6 @@ impl Linear {
                         }
                         r += 4;
                     }
-                } else if let Some(rows4) = gemm.rows4 {
-                    while r + 4 <= rows.end {
-                        for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
-                            let out = rows4([row(r), row(r + 1), row(r + 2), row(r + 3)], xg);
-                            write.put_group4(r, g, &out, n);
-                        }
-                        r += 4;
-                    }
                 }
                 for r in r..rows.end {
                     for (g, xg) in xq.groups.chunks_exact(nb).enumerate() {
